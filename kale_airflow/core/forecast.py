@@ -1,0 +1,251 @@
+"""Forecaster interface and fast baselines.
+
+Every forecaster has the statsforecast shape::
+
+    f = get_forecaster("seasonal").fit(history)   # history: pd.Series on a regular DatetimeIndex
+    frame = f.predict(horizon)                    # horizon: number of future steps
+
+``predict`` returns a frame indexed by the future timestamps with a ``mean`` column and
+one column per quantile named ``q<percent>`` (``q50``, ``q90``). Heavier forecasters
+(NeuralProphet) register themselves under the same interface and are imported lazily.
+
+No peeking: a forecaster sees only the history it is given, and ``predict`` starts at the
+step after the last history timestamp.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable, Protocol, runtime_checkable
+
+import numpy as np
+import pandas as pd
+
+DAY_S = 86400.0
+
+
+class ForecastError(ValueError):
+    """The forecaster cannot fit or predict with what it was given."""
+
+
+@runtime_checkable
+class Forecaster(Protocol):
+    """Anything with ``fit(history) -> self`` and ``predict(horizon) -> frame``."""
+
+    name: str
+    quantiles: tuple[float, ...]
+
+    def fit(self, history: pd.Series) -> "Forecaster": ...
+
+    def predict(self, horizon: int) -> pd.DataFrame: ...
+
+
+def quantile_column(q: float) -> str:
+    """Column name for quantile ``q`` (0.9 -> ``q90``)."""
+    return f"q{round(q * 100):d}"
+
+
+def series_step_s(history: pd.Series) -> float:
+    """Step of a regular series in seconds (errors name the problem)."""
+    if not isinstance(history.index, pd.DatetimeIndex):
+        raise ForecastError("history must be a pandas Series indexed by timestamps (DatetimeIndex)")
+    if len(history) < 2:
+        raise ForecastError(f"history has {len(history)} point(s); at least 2 are needed")
+    diffs = np.diff(history.index.asi8)
+    if (diffs <= 0).any() or (diffs != diffs[0]).any():
+        raise ForecastError("history must be sorted and regular (one value per step, no gaps); load it with load_trace")
+    return diffs[0] / 1e9
+
+
+def _check_values(values: np.ndarray) -> None:
+    if not np.isfinite(values).all():
+        i = int(np.flatnonzero(~np.isfinite(values))[0])
+        raise ForecastError(f"history value {i} is NaN or infinite; repair the trace before fitting")
+    if (values < 0).any():
+        raise ForecastError("history has negative values; traffic counts must be >= 0")
+
+
+@dataclass
+class SeasonalNaiveForecaster:
+    """Level-corrected seasonal naive forecast with empirical quantiles and automatic
+    choice of season.
+
+    Each candidate ``(season_s, count)`` forecasts a future step as the mean of the same
+    phase over the last ``count`` seasons, multiplied by a level ratio (the last
+    ``level_window_s`` of history over the same profile at those times, clipped to
+    ``level_clip``). The defaults try a daily profile over the last 7 days and a weekly
+    profile over the last 2 weeks. At ``fit`` each candidate is backtested on the last
+    ``calibration_days`` of the history (rolling origins, past data only) and the one
+    with the smaller mean absolute log error wins; the quantiles come from that
+    winner's errors, per horizon step.
+
+    The season choice and the quantile calibration are refreshed at most every
+    ``recalibrate_s`` of history time, so refitting every few minutes stays cheap.
+
+    With less history than the shortest season plus the level window it falls back to
+    the recent mean level with quantiles from recent variation (``mode == "level"``).
+    """
+
+    quantiles: tuple[float, ...] = (0.5, 0.9)
+    candidates: tuple[tuple[float, int], ...] = ((DAY_S, 7), (7 * DAY_S, 2))
+    level_window_s: float = 3600.0
+    level_clip: tuple[float, float] = (0.5, 2.0)
+    calibration_days: float = 3.0
+    max_calibration_origins: int = 128
+    recalibrate_s: float = 3600.0
+    name: str = "seasonal"
+
+    def fit(self, history: pd.Series) -> "SeasonalNaiveForecaster":
+        """Remember the history and pick the season; returns self."""
+        return self.fit_values(history.to_numpy(dtype=float), series_step_s(history), history.index[-1])
+
+    def fit_values(self, values: np.ndarray, step: float, last: pd.Timestamp) -> "SeasonalNaiveForecaster":
+        """Fast path of :meth:`fit` for a regular series given as values, step and last timestamp."""
+        _check_values(values)
+        self._step = step
+        self._last = last
+        self._y = values
+        self._eps = max(1e-9, 1e-3 * float(values.mean()))
+        self._level_n = max(1, int(round(self.level_window_s / step)))
+        seasons = []
+        for season_s, count in self.candidates:
+            m = int(round(season_s / step))
+            if abs(m * step - season_s) > 1e-6:
+                raise ForecastError(f"step {step:g} s does not divide the season {season_s:g} s")
+            if len(values) > m + self._level_n:
+                seasons.append((m, count))
+        fresh = (
+            getattr(self, "_calibrated", None) is not None
+            and self._calibrated[1] == step
+            and self._calibrated[2] == seasons
+            and 0 <= (self._last - self._calibrated[0]).total_seconds() < self.recalibrate_s
+        )
+        self._seasons = seasons
+        self.mode = "seasonal" if seasons else "level"
+        if not fresh:
+            self._chosen: tuple[int, int] | None = None
+            self._errors: np.ndarray | None = None
+            self._calibrated = None
+        return self
+
+    def _point(self, origins: np.ndarray, horizon: int, season: int, count: int) -> np.ndarray:
+        """Point forecasts, shape (len(origins), horizon), using only y[< origin]."""
+        y = self._y
+        steps = np.arange(horizon)
+        target = origins[:, None] + steps[None, :]
+        acc = np.zeros(target.shape)
+        cnt = np.zeros(target.shape)
+        for k in range(1, count + horizon // season + 2):
+            j = target - k * season
+            ok = (j >= 0) & (j < origins[:, None])
+            acc[ok] += y[j[ok]]
+            cnt[ok] += 1
+            if (cnt >= count).all():
+                break
+        prof = np.where(cnt > 0, acc / np.maximum(cnt, 1), np.nan)
+        # Level ratio: the last level window against the same profile at those times.
+        L = self._level_n
+        csum = np.concatenate([[0.0], np.cumsum(y)])
+        recent = csum[origins] - csum[origins - L]
+        past = origins[:, None] - L + np.arange(L)[None, :]
+        ref_acc = np.zeros(past.shape)
+        ref_cnt = np.zeros(past.shape)
+        for k in range(1, count + 1):
+            j = past - k * season
+            ok = j >= 0
+            ref_acc[ok] += y[j[ok]]
+            ref_cnt[ok] += 1
+        ref = (ref_acc / np.maximum(ref_cnt, 1)).sum(axis=1)
+        ratio = np.clip((recent + self._eps) / (ref + self._eps), *self.level_clip)
+        return prof * ratio[:, None]
+
+    def _backtest(self, horizon: int, season: int, count: int) -> np.ndarray:
+        """Log-ratio errors of one candidate at rolling origins in the recent past."""
+        n = len(self._y)
+        last = n - horizon
+        lo = max(season + self._level_n, last - int(self.calibration_days * DAY_S / self._step))
+        if last <= lo:
+            return np.zeros((0, horizon))
+        origins = np.unique(np.linspace(lo, last, min(self.max_calibration_origins, last - lo + 1)).astype(int))
+        pred = self._point(origins, horizon, season, count)
+        actual = self._y[origins[:, None] + np.arange(horizon)[None, :]]
+        err = np.log((actual + self._eps) / (pred + self._eps))
+        return err[np.isfinite(err).all(axis=1)]
+
+    def _calibrate(self, horizon: int) -> None:
+        best = None
+        for season, count in self._seasons:
+            err = self._backtest(horizon, season, count)
+            score = float(np.abs(err).mean()) if len(err) else np.inf
+            if best is None or score < best[0]:
+                best = (score, (season, count), err)
+        _, self._chosen, self._errors = best
+        self._calibrated = (self._last, self._step, self._seasons)
+        if len(self._errors):
+            self._qs = np.quantile(self._errors, self.quantiles, axis=0)
+        else:
+            self._qs = np.zeros((len(self.quantiles), self._errors.shape[1]))
+
+    @property
+    def chosen_season_s(self) -> float | None:
+        """Season picked by the last calibration (None before predict or in level mode)."""
+        return None if self._chosen is None else self._chosen[0] * self._step
+
+    def predict(self, horizon: int) -> pd.DataFrame:
+        """Forecast ``horizon`` future steps: ``mean`` and one ``q<pct>`` column per quantile."""
+        mean, quants = self.predict_arrays(horizon)
+        index = pd.date_range(self._last + pd.Timedelta(seconds=self._step), periods=horizon,
+                              freq=pd.Timedelta(seconds=self._step))
+        frame = pd.DataFrame({"mean": mean}, index=index)
+        for q, col in zip(self.quantiles, quants):
+            frame[quantile_column(q)] = col
+        frame.index.name = "timestamp"
+        return frame
+
+    def predict_arrays(self, horizon: int) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Fast path for the simulator: (mean, [quantile arrays in ``self.quantiles`` order])."""
+        if not hasattr(self, "_y"):
+            raise ForecastError("call fit(history) before predict")
+        if horizon < 1:
+            raise ForecastError(f"horizon must be >= 1 step, got {horizon}")
+        if self.mode == "level":
+            recent = self._y[-max(self._level_n * 4, 4):]
+            lvl = float(self._y[-self._level_n:].mean())
+            err = np.log((recent + self._eps) / (recent.mean() + self._eps))
+            mean = np.full(horizon, lvl)
+            return mean, [mean * np.exp(np.quantile(err, q)) for q in self.quantiles]
+        if self._errors is None or self._errors.shape[1] < horizon:
+            self._calibrate(horizon)
+        season, count = self._chosen
+        mean = self._point(np.array([len(self._y)]), horizon, season, count)[0]
+        factors = np.exp(self._qs[:, :horizon])
+        return mean, [mean * factors[i] for i in range(len(self.quantiles))]
+
+
+# name -> "module:attribute" (imported lazily so heavy forecasters cost nothing until used)
+_REGISTRY: dict[str, str | Callable[..., Forecaster]] = {
+    "seasonal": SeasonalNaiveForecaster,
+}
+
+
+def register_forecaster(name: str, factory: str | Callable[..., Forecaster]) -> None:
+    """Register a forecaster factory (a callable, or ``"module:attr"`` imported on first use)."""
+    _REGISTRY[name] = factory
+
+
+def forecaster_names() -> list[str]:
+    """Names accepted by :func:`get_forecaster`."""
+    return sorted(_REGISTRY)
+
+
+def get_forecaster(name: str, **kwargs) -> Forecaster:
+    """Instantiate a forecaster by name."""
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        raise ForecastError(f"unknown forecaster {name!r}; choose one of {forecaster_names()}") from None
+    if isinstance(factory, str):
+        module, _, attr = factory.partition(":")
+        factory = getattr(importlib.import_module(module), attr)
+    return factory(**kwargs)

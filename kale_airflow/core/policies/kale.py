@@ -1,0 +1,445 @@
+"""The Kale policy: scale ahead of forecast traffic, stabilized against rescale cost.
+
+Stages (each a small pure function, tested on its own):
+
+1. **required capacity** - the forecast's upper quantile, maximised over a look-ahead
+   that covers the rescale latency (``lookahead_s``, 1 h), never below the recently
+   observed rate, plus ``headroom`` (which also drains the backlog a restart leaves);
+   inverted through the conservative throughput model to workers. Two levels:
+   ``need`` over ``lookahead_s`` and ``level`` over ``2 * lookahead_s``. A scale-up goes
+   to ``level``, so the next one is at least an hour away;
+2. **SLO risk** - freshness lag above ``slo_risk_fraction * slo_s``: add the rate that
+   clears the backlog before the SLO breaks (after the restart) and scale up now;
+3. **scale-up stabilization** - ``need`` must exceed the current count for the whole
+   ``up_window_s`` (filters a single noisy tick);
+4. **scale-down stabilization** - the largest ``level`` of the last ``down_window_s``
+   must be at least ``down_tolerance`` below the current count, the count must have run
+   for ``down_window_s``, *and* the GPU time saved over the look-ahead must beat the
+   downtime cost (``current * downtime_s * downtime_cost_factor``). Missing metrics never
+   scale down;
+5. **clamp** to min/max workers and the partition count.
+
+Inputs are abstract: a :class:`ForecastSource` (online forecaster, or the oracle's true
+future) and a capacity table (a fitted :class:`ThroughputModel`, or the oracle's true
+cluster model).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import pandas as pd
+
+from kale_airflow.core.forecast import ForecastError, Forecaster, quantile_column
+from kale_airflow.core.policies.base import Decision, Limits, Observation, Reason
+from kale_airflow.core.throughput import ThroughputModel, ThroughputModelError, monotone, workers_for_rate
+
+
+@dataclass(frozen=True)
+class KaleConfig:
+    """Kale policy settings (none is tuned per trace)."""
+
+    slo_s: float = 300.0
+    rescale_downtime_s: float = 90.0
+    lookahead_s: float = 3600.0
+    headroom: float = 0.05
+    min_drain_s: float = 60.0
+    slo_risk_fraction: float = 0.5
+    up_window_s: float = 60.0
+    down_window_s: float = 900.0
+    down_tolerance: float = 0.10
+    downtime_cost_factor: float = 2.0
+    fallback_margin: float = 0.20
+    recent_window_s: float = 300.0
+    interval_s: float = 15.0
+
+    def __post_init__(self) -> None:
+        if self.lookahead_s < self.rescale_downtime_s:
+            raise ValueError(
+                f"lookahead_s ({self.lookahead_s}) must cover rescale_downtime_s ({self.rescale_downtime_s}): "
+                "a forecast shorter than the restart cannot scale ahead of traffic"
+            )
+        if self.min_drain_s <= 0 or self.slo_s <= 0:
+            raise ValueError("min_drain_s and slo_s must be > 0")
+        if not 0 <= self.down_tolerance < 1:
+            raise ValueError(f"down_tolerance must be in [0, 1), got {self.down_tolerance}")
+
+
+class ForecastSource(Protocol):
+    """Where Kale's view of future traffic comes from."""
+
+    def observe(self, now_s: float, rate: float | None) -> None: ...
+
+    def upper(self, now_s: float, horizon_s: float) -> tuple[float | None, str]:
+        """Max upper-quantile rate over (now, now + horizon]; (None, why) if unavailable."""
+        ...
+
+    def recent_max(self, now_s: float, window_s: float) -> float | None: ...
+
+
+# ---------------------------------------------------------------------------- stages
+def required_rate(forecast_upper: float, recent_rate: float, cfg: KaleConfig) -> float:
+    """Stage 1: samples/s the workers must sustain (forecast, never below what is arriving now)."""
+    return max(forecast_upper, recent_rate) * (1.0 + cfg.headroom)
+
+
+def drain_rate(backlog: float, freshness_lag_s: float | None, cfg: KaleConfig) -> float:
+    """Stage 2: extra samples/s that clear the backlog before the oldest sample breaks the SLO,
+    allowing for the downtime of the rescale itself."""
+    left = cfg.slo_s - (freshness_lag_s or 0.0) - cfg.rescale_downtime_s
+    return backlog / max(left, cfg.min_drain_s)
+
+
+def slo_at_risk(freshness_lag_s: float | None, cfg: KaleConfig) -> bool:
+    """Stage 2: the oldest sample is already older than the risk threshold."""
+    return freshness_lag_s is not None and freshness_lag_s > cfg.slo_risk_fraction * cfg.slo_s
+
+
+def held_for(since: float | None, now: float, window_s: float) -> bool:
+    """Stages 3-4: a condition that began at ``since`` has lasted the whole window."""
+    return since is not None and now - since >= window_s - 1e-9
+
+
+class WindowMax:
+    """Largest value seen within a sliding time window (monotone deque, O(1) amortized).
+
+    Stage 4 uses it for the largest level asked for within the down window (HPA-style
+    scale-down stabilization)."""
+
+    def __init__(self, window_s: float):
+        self.window_s = window_s
+        self._q: deque[tuple[float, int]] = deque()
+
+    def reset(self) -> None:
+        """Forget everything (after a rescale)."""
+        self._q.clear()
+
+    def push(self, t: float, value: int) -> int:
+        """Add a value at time t; return the max within (t - window, t]."""
+        q = self._q
+        while q and q[-1][1] <= value:
+            q.pop()
+        q.append((t, value))
+        while q[0][0] <= t - self.window_s - 1e-9:
+            q.popleft()
+        return q[0][1]
+
+
+def scale_down_worth_it(current: int, target: int, cfg: KaleConfig) -> tuple[bool, float, float]:
+    """Stage 4: GPU-seconds saved over the look-ahead vs the downtime cost of a rescale."""
+    saved = (current - target) * cfg.lookahead_s
+    cost = current * cfg.rescale_downtime_s * cfg.downtime_cost_factor
+    return saved > cost, saved, cost
+
+
+# ------------------------------------------------------------------------- sources
+class OnlineForecastSource:
+    """Feeds observed rates into bins, refits a forecaster each bin, answers upper bounds.
+
+    Only completed bins (strictly in the past) reach the forecaster: no peeking.
+    """
+
+    def __init__(self, forecaster: Forecaster, *, bin_s: float = 300.0, quantile: float = 0.9,
+                 history_s: float = 21 * 86400.0, max_horizon_s: float = 7200.0):
+        if quantile not in forecaster.quantiles:
+            raise ValueError(f"forecaster {forecaster.name} has no {quantile} quantile; it offers {forecaster.quantiles}")
+        self.forecaster = forecaster
+        self.bin_s = bin_s
+        self._qi = forecaster.quantiles.index(quantile)
+        self._keep = int(history_s // bin_s)
+        self._horizon = int(math.ceil(max_horizon_s / bin_s)) + 1
+        self._buf = np.zeros(2 * self._keep)  # ring of completed bin means, compacted when full
+        self._len = 0
+        self._last_bin: int | None = None  # index of the last completed bin
+        self._acc, self._acc_n, self._acc_bin = 0.0, 0, None
+        self._upper: np.ndarray | None = None
+        self._upper_from = 0  # bin index of _upper[0]
+        self._error = "no forecast yet"
+        self._cache: dict = {}
+
+    @property
+    def bins(self) -> np.ndarray:
+        """Completed bin means, oldest first (at most ``history_s``)."""
+        return self._buf[max(0, self._len - self._keep):self._len]
+
+    def preload(self, history: pd.Series) -> None:
+        """Seed with past rates (samples/s) on a regular index, resampled to ``bin_s``."""
+        binned = history.resample(pd.Timedelta(seconds=self.bin_s)).mean().dropna()
+        for ts, v in binned.items():
+            self._push(int(ts.value // 1e9 // self.bin_s), float(v))
+        self._refit()
+
+    def _append(self, value: float) -> None:
+        if self._len == len(self._buf):
+            self._buf[: self._keep] = self._buf[self._len - self._keep:self._len]
+            self._len = self._keep
+        self._buf[self._len] = value
+        self._len += 1
+
+    def _push(self, b: int, value: float) -> None:
+        if self._last_bin is not None and b > self._last_bin + 1:
+            # A metrics gap: carry the last value forward so the series stays regular.
+            for _ in range(min(b - self._last_bin - 1, self._keep)):
+                self._append(self._buf[self._len - 1])
+        self._append(value)
+        self._last_bin = b
+
+    def _refit(self) -> None:
+        bins = self.bins
+        if len(bins) < 4:
+            self._upper, self._error = None, f"only {len(bins)} bins of history"
+            return
+        f = self.forecaster
+        try:
+            if hasattr(f, "fit_values"):  # skips building a pandas index every few minutes
+                f.fit_values(bins.copy(), self.bin_s, pd.Timestamp(self._last_bin * self.bin_s, unit="s"))
+            else:
+                start = (self._last_bin - len(bins) + 1) * self.bin_s
+                idx = pd.date_range(pd.Timestamp(start, unit="s"), periods=len(bins), freq=f"{self.bin_s:g}s")
+                f.fit(pd.Series(bins, index=idx))
+            if hasattr(f, "predict_arrays"):
+                upper = f.predict_arrays(self._horizon)[1][self._qi]
+            else:
+                frame = f.predict(self._horizon)
+                upper = frame[quantile_column(f.quantiles[self._qi])].to_numpy()
+        except (ForecastError, ValueError, RuntimeError) as exc:
+            self._upper, self._error = None, f"forecaster failed: {exc}"
+            return
+        if not np.isfinite(upper).all():
+            self._upper, self._error = None, "forecast has NaN values"
+            return
+        self._upper, self._upper_from = np.maximum(upper, 0.0), self._last_bin + 1
+        self._cache = {}
+
+    def observe(self, now_s: float, rate: float | None) -> None:
+        """Account the rate observed over the tick that ended at ``now_s``; refit when a bin closes."""
+        if rate is None:
+            return
+        b = int((now_s - 1e-6) // self.bin_s)
+        if self._acc_bin is not None and b != self._acc_bin:
+            self._push(self._acc_bin, self._acc / self._acc_n)
+            self._acc, self._acc_n = 0.0, 0
+            self._refit()
+        self._acc_bin = b
+        self._acc += rate
+        self._acc_n += 1
+
+    def upper(self, now_s: float, horizon_s: float) -> tuple[float | None, str]:
+        """Max forecast upper quantile over the bins touching (now, now + horizon]."""
+        if self._upper is None:
+            return None, self._error
+        b = int(now_s // self.bin_s)
+        hit = self._cache.get(horizon_s)
+        if hit is not None and hit[0] == b:
+            return hit[1]
+        first = max(0, b - self._upper_from)
+        last = int((now_s + horizon_s) // self.bin_s) - self._upper_from
+        if last >= len(self._upper):
+            out = (None, f"forecast is stale (last refit {b - self._upper_from + 1} bins ago)")
+        else:
+            out = (float(self._upper[first:last + 1].max()), "forecast")
+        self._cache[horizon_s] = (b, out)
+        return out
+
+    def recent_max(self, now_s: float, window_s: float) -> float | None:
+        """Max bin mean over the last ``window_s`` (and the bin in progress)."""
+        k = max(1, int(window_s // self.bin_s))
+        if not self._len:
+            best = None
+        elif k == 1:
+            best = float(self._buf[self._len - 1])
+        else:
+            best = float(self._buf[max(0, self._len - k):self._len].max())
+        if self._acc_n:
+            cur = self._acc / self._acc_n
+            best = cur if best is None else max(best, cur)
+        return best
+
+
+class OracleForecastSource:
+    """The true future, binned like the online source (for the oracle limit only)."""
+
+    def __init__(self, start_s: float, tick_s: float, rates: np.ndarray, bin_s: float = 300.0):
+        self.bin_s = bin_s
+        b0 = int(start_s // bin_s)
+        idx = ((start_s + tick_s * np.arange(len(rates))) // bin_s).astype(int) - b0
+        sums = np.bincount(idx, weights=rates)
+        cnt = np.bincount(idx)
+        self._means = sums / np.maximum(cnt, 1)
+        self._b0 = b0
+        self._recent = deque(maxlen=4096)
+
+    def observe(self, now_s: float, rate: float | None) -> None:
+        """The oracle needs no observations."""
+
+    def upper(self, now_s: float, horizon_s: float) -> tuple[float | None, str]:
+        """Exact max bin mean over the look-ahead."""
+        first = max(0, int(now_s // self.bin_s) - self._b0)
+        last = min(len(self._means) - 1, int((now_s + horizon_s) // self.bin_s) - self._b0)
+        if first > last:
+            return float(self._means[-1]), "oracle"
+        return float(self._means[first:last + 1].max()), "oracle"
+
+    def recent_max(self, now_s: float, window_s: float) -> float | None:
+        """Not used by the oracle's decisions (its forecast is exact)."""
+        return 0.0
+
+
+class OnlineThroughput:
+    """Keeps (workers, samples/s) observations and refits a :class:`ThroughputModel`."""
+
+    def __init__(self, workers, rates, *, max_workers: int, refit_every_s: float = 6 * 3600.0, per_count: int = 240):
+        self.max_workers = max_workers
+        self.refit_every_s = refit_every_s
+        self._obs: dict[int, deque] = {}
+        for n, r in zip(workers, rates):
+            self._obs.setdefault(int(n), deque(maxlen=per_count)).append(float(r))
+        self._per_count = per_count
+        self._fitted_at = float("-inf")
+        self.model: ThroughputModel | None = None
+        self.table: np.ndarray | None = None
+        self.error = ""
+        self._refit(0.0)
+
+    def _refit(self, now_s: float) -> None:
+        n = [k for k, v in self._obs.items() for _ in v]
+        r = [x for v in self._obs.values() for x in v]
+        try:
+            self.model = ThroughputModel.fit(n, r)
+        except ThroughputModelError as exc:
+            self.error = str(exc)  # keep the previous model, if any
+        else:
+            self.table = monotone(self.model.capacity_table(self.max_workers))
+        self._fitted_at = now_s
+
+    def observe(self, now_s: float, workers: int, rate: float | None) -> None:
+        """Record one measurement; refit at most every ``refit_every_s`` or on a new count."""
+        if rate is None or rate <= 0 or workers < 1:
+            return
+        new_count = workers not in self._obs
+        self._obs.setdefault(workers, deque(maxlen=self._per_count)).append(rate)
+        if new_count or now_s - self._fitted_at >= self.refit_every_s:
+            self._refit(now_s)
+
+
+class KnownCapacity:
+    """A fixed capacity table (the oracle's true cluster model)."""
+
+    def __init__(self, table: np.ndarray):
+        self.table = monotone(table)
+
+    def observe(self, now_s: float, workers: int, rate: float | None) -> None:
+        """Nothing to learn."""
+
+
+# -------------------------------------------------------------------------- policy
+class KalePolicy:
+    """Forecast-driven, stabilized scaling."""
+
+    name = "kale"
+
+    def __init__(self, limits: Limits, forecast: ForecastSource, capacity, config: KaleConfig | None = None,
+                 name: str | None = None):
+        self.limits = limits
+        self.config = config or KaleConfig()
+        self.forecast = forecast
+        self.capacity = capacity
+        self.interval_s = self.config.interval_s
+        if name:
+            self.name = name
+        self._levels = WindowMax(self.config.down_window_s)  # levels asked for at the current count
+        self._count: int | None = None
+        self._count_since: float | None = None
+        self._up_since: float | None = None
+
+    def _workers_for(self, rate: float) -> int:
+        table = self.capacity.table
+        if table is None:
+            return self.limits.upper
+        return workers_for_rate(table, rate)
+
+    def decide(self, obs: Observation) -> Decision:
+        """Observe, then run the stages."""
+        cfg, now, current = self.config, obs.now_s, obs.workers
+        self.forecast.observe(now, obs.arrival_rate)
+        if not obs.rescaling:
+            self.capacity.observe(now, current, obs.throughput)
+        if obs.rescaling:
+            return Decision(current, Reason.HOLD_RESCALING, "rescale in progress; waiting for workers to restore")
+
+        up1, source = self.forecast.upper(now, cfg.lookahead_s)
+        up2, _ = self.forecast.upper(now, 2 * cfg.lookahead_s)
+        if up1 is None or up2 is None:
+            # Documented fallback: the recent peak plus a margin, until forecasts return.
+            fb = (self.forecast.recent_max(now, cfg.lookahead_s) or 0.0) * (1 + cfg.fallback_margin)
+            up1 = up2 = fb
+            source = f"fallback ({source})"
+        recent = self.forecast.recent_max(now, cfg.recent_window_s) or 0.0
+        if obs.arrival_rate is not None:
+            recent = max(recent, obs.arrival_rate)
+        clamp = self.limits.clamp
+        need = clamp(self._workers_for(required_rate(up1, recent, cfg)))
+        level = max(need, clamp(self._workers_for(required_rate(up2, recent, cfg))))
+        at_risk = slo_at_risk(obs.freshness_lag_s, cfg)
+        if at_risk:
+            extra = drain_rate(obs.backlog or 0.0, obs.freshness_lag_s, cfg)
+            need = self.limits.clamp(self._workers_for(required_rate(up1, recent, cfg) + extra))
+            level = max(level, need)
+
+        if self._count != current:
+            self._count, self._count_since = current, now
+            self._levels.reset()
+        target = self._levels.push(now, level)
+        self._up_since = (self._up_since if self._up_since is not None else now) if need > current else None
+        details = {"need": need, "level": level, "forecast_upper": round(up1, 3), "source": source}
+
+        if need > current:
+            if at_risk:
+                return Decision(level, Reason.SCALE_UP_SLO_RISK,
+                                f"freshness lag {obs.freshness_lag_s:.0f}s > {cfg.slo_risk_fraction * cfg.slo_s:.0f}s: "
+                                f"scale up now {current} -> {level}", details)
+            if held_for(self._up_since, now, cfg.up_window_s):
+                return Decision(level, Reason.SCALE_UP_FORECAST,
+                                f"{source} needs {need} workers within {cfg.lookahead_s / 60:.0f} min "
+                                f"(> {current}); scale to {level} for the next {2 * cfg.lookahead_s / 60:.0f} min",
+                                details)
+            return Decision(current, Reason.HOLD_STABILIZING,
+                            f"need {need} > {current}; waiting until it holds {cfg.up_window_s:.0f}s", details)
+
+        if obs.arrival_rate is None or obs.backlog is None:
+            return Decision(current, Reason.HOLD_MISSING_METRICS,
+                            "arrival rate or backlog missing: never scale down on missing data", details)
+        if target >= current:
+            return Decision(current, Reason.HOLD, f"{current} workers cover the forecast (level {target})", details)
+        if target > current * (1 - cfg.down_tolerance):
+            return Decision(current, Reason.HOLD_TOLERANCE,
+                            f"level {target} is within {cfg.down_tolerance:.0%} of {current}", details)
+        if not held_for(self._count_since, now, cfg.down_window_s):
+            return Decision(current, Reason.HOLD_STABILIZING,
+                            f"level {target} < {current}, but {current} has run < {cfg.down_window_s / 60:.0f} min",
+                            details)
+        worth, saved, cost = scale_down_worth_it(current, target, cfg)
+        if not worth:
+            return Decision(current, Reason.HOLD_NOT_WORTH_DOWNTIME,
+                            f"saving {saved / 3600:.2f} GPU-h does not beat downtime cost {cost / 3600:.2f} GPU-h",
+                            details)
+        return Decision(target, Reason.SCALE_DOWN_FORECAST,
+                        f"level {target} held for {cfg.down_window_s / 60:.0f} min; saves {saved / 3600:.2f} GPU-h "
+                        f"over {cost / 3600:.2f} GPU-h downtime cost", details)
+
+
+def make_online_kale(limits: Limits, forecaster: Forecaster, profile: tuple, config: KaleConfig | None = None,
+                     history: pd.Series | None = None, bin_s: float = 300.0, quantile: float = 0.9,
+                     name: str = "kale") -> KalePolicy:
+    """Kale as deployed: online forecaster plus a throughput model fitted from observations."""
+    cfg = config or KaleConfig()
+    source = OnlineForecastSource(forecaster, bin_s=bin_s, quantile=quantile, max_horizon_s=2 * cfg.lookahead_s)
+    if history is not None and len(history):
+        source.preload(history)
+    capacity = OnlineThroughput(*profile, max_workers=limits.upper)
+    return KalePolicy(limits, source, capacity, cfg, name=name)
+

@@ -1,0 +1,233 @@
+"""Throughput models: samples/s as a function of the number of GPU workers.
+
+Two kinds live here:
+
+- :class:`ClusterModel` is the *true* cluster of the simulator (Amdahl-style
+  diminishing returns, seeded per-tick noise). Policies never read it; the oracle
+  does, by definition.
+- :class:`ThroughputModel` is what Kale *fits* from observed (workers, samples/s)
+  pairs. Following Ernest (Venkataraman et al., NSDI '16) it models the time per
+  sample as a non-negative combination of features of n, fitted by non-negative
+  least squares on relative error::
+
+      1 / c(n) = t0 + t1 / n + t2 * log(n) + t3 * n
+
+  ``t1 / n`` is the parallel part, ``t0`` the serial part, ``log n`` tree-style
+  communication and ``n`` all-to-all communication. Non-negativity keeps every
+  term physical, so the fitted curve has diminishing returns by construction.
+
+With few distinct worker counts the features are used in that order (documented
+fallback): 2 distinct counts fit ``[1/n, 1]`` (Amdahl), 3 add ``log n``, 4 or more
+use all four. A single distinct count cannot identify scaling and is an error.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import nnls
+
+FEATURE_NAMES = ("inv_n", "serial", "log_n", "linear_n")
+# Relative residual std assumed when the fit has no degrees of freedom left.
+FALLBACK_REL_STD = 0.10
+
+
+class ThroughputModelError(ValueError):
+    """Observations cannot identify a throughput curve; the message says what is missing."""
+
+
+def _features(n: np.ndarray, k: int) -> np.ndarray:
+    n = np.asarray(n, dtype=float)
+    cols = [1.0 / n, np.ones_like(n), np.log(n), n]
+    return np.stack(cols[:k], axis=-1)
+
+
+@dataclass(frozen=True)
+class ClusterModel:
+    """True throughput of n workers: ``c(n) = per_worker * n / (1 + serial_fraction * (n - 1))``.
+
+    Defaults: 1,000 samples/s per worker and a 1 % serial fraction, so 32 workers
+    reach 24,427 samples/s (76 % efficiency) and 64 reach 39,264 (61 %).
+    ``noise_sd`` is the standard deviation of the per-tick multiplicative noise.
+    """
+
+    per_worker: float = 1000.0
+    serial_fraction: float = 0.01
+    noise_sd: float = 0.03
+
+    def __post_init__(self) -> None:
+        if self.per_worker <= 0:
+            raise ValueError(f"per_worker must be > 0, got {self.per_worker}")
+        if not 0 <= self.serial_fraction < 1:
+            raise ValueError(f"serial_fraction must be in [0, 1), got {self.serial_fraction}")
+        if self.noise_sd < 0:
+            raise ValueError(f"noise_sd must be >= 0, got {self.noise_sd}")
+
+    def capacity(self, n: float) -> float:
+        """Mean samples/s of n workers (n may be fractional)."""
+        return self.per_worker * n / (1.0 + self.serial_fraction * (n - 1.0))
+
+    def workers_for_fractional(self, rate: np.ndarray | float) -> np.ndarray:
+        """Exact (fractional) workers whose mean capacity equals ``rate``; inf if unreachable."""
+        r = np.asarray(rate, dtype=float)
+        s, p = self.serial_fraction, self.per_worker
+        denom = p - s * r
+        with np.errstate(divide="ignore", invalid="ignore"):
+            n = np.where(denom > 0, r * (1.0 - s) / denom, np.inf)
+        return n
+
+    def workers_for(self, rate: float, max_workers: int) -> int:
+        """Fewest whole workers whose mean capacity covers ``rate`` (``max_workers`` if none)."""
+        n = float(self.workers_for_fractional(rate))
+        if not math.isfinite(n):
+            return max_workers
+        return int(min(max(1, math.ceil(n - 1e-9)), max_workers))
+
+    def capacity_table(self, max_workers: int) -> np.ndarray:
+        """``table[n]`` = mean capacity of n workers, n = 0..max_workers (lower bound = mean)."""
+        n = np.arange(max_workers + 1, dtype=float)
+        return np.concatenate([[0.0], self.capacity(n[1:])])
+
+
+@dataclass(frozen=True)
+class ThroughputModel:
+    """A fitted resource -> throughput model with an uncertainty margin.
+
+    ``capacity_lower(n)`` is the one-sided confidence bound (``z`` standard errors) on
+    the mean throughput of n workers; it widens away from the observed worker counts,
+    so extrapolating to unseen sizes is done cautiously.
+    """
+
+    coef: tuple[float, ...]
+    cov: tuple[tuple[float, ...], ...]
+    rel_std: float
+    n_obs: int
+    worker_counts: tuple[int, ...]
+    z: float = 1.645
+
+    @classmethod
+    def fit(cls, workers, rates, *, z: float = 1.645) -> "ThroughputModel":
+        """Fit from observations: ``workers[i]`` workers measured ``rates[i]`` samples/s."""
+        n = np.asarray(workers, dtype=float).ravel()
+        r = np.asarray(rates, dtype=float).ravel()
+        if n.shape != r.shape:
+            raise ThroughputModelError(f"workers and rates differ in length ({n.size} vs {r.size})")
+        ok = np.isfinite(n) & np.isfinite(r)
+        if not ok.all():
+            bad = int(np.flatnonzero(~ok)[0])
+            raise ThroughputModelError(f"observation {bad} is NaN or infinite; drop it before fitting")
+        if (n < 1).any() or (n != np.round(n)).any():
+            raise ThroughputModelError("worker counts must be whole numbers >= 1")
+        if (r <= 0).any():
+            bad = int(np.flatnonzero(r <= 0)[0])
+            raise ThroughputModelError(
+                f"observation {bad} has throughput {r[bad]} <= 0; a running worker set must report > 0 samples/s"
+            )
+        counts = tuple(sorted(int(v) for v in np.unique(n)))
+        if len(counts) < 2:
+            raise ThroughputModelError(
+                f"observations cover only {len(counts)} distinct worker count(s) {list(counts)}; "
+                "at least 2 are needed to identify scaling (profile another worker count)"
+            )
+        k = min(len(FEATURE_NAMES), len(counts))
+        y = 1.0 / r  # seconds per sample
+        x = _features(n, k)
+        # Weight rows by 1/y so residuals are relative errors (noise is multiplicative).
+        xw, yw = x / y[:, None], np.ones_like(y)
+        coef, _ = nnls(xw, yw)
+        resid = xw @ coef - yw
+        dof = n.size - int(np.count_nonzero(coef))
+        rel_std = float(np.sqrt(resid @ resid / dof)) if dof > 0 else FALLBACK_REL_STD
+        active = coef > 0
+        cov = np.zeros((k, k))
+        if active.any():
+            xa = xw[:, active]
+            cov_a = np.linalg.pinv(xa.T @ xa) * rel_std**2
+            cov[np.ix_(active, active)] = cov_a
+        coef_full = tuple(float(c) for c in coef) + (0.0,) * (len(FEATURE_NAMES) - k)
+        cov_full = np.zeros((len(FEATURE_NAMES),) * 2)
+        cov_full[:k, :k] = cov
+        return cls(
+            coef=coef_full,
+            cov=tuple(tuple(float(v) for v in row) for row in cov_full),
+            rel_std=rel_std,
+            n_obs=int(n.size),
+            worker_counts=counts,
+            z=z,
+        )
+
+    def _time_per_sample(self, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        x = _features(n, len(FEATURE_NAMES))
+        mean = x @ np.asarray(self.coef)
+        var = np.einsum("...i,ij,...j->...", x, np.asarray(self.cov), x)
+        return mean, np.sqrt(np.maximum(var, 0.0))
+
+    def predict(self, n) -> np.ndarray:
+        """Mean samples/s for worker count(s) n."""
+        mean, _ = self._time_per_sample(np.atleast_1d(np.asarray(n, dtype=float)))
+        return 1.0 / mean
+
+    def capacity_lower(self, n) -> np.ndarray:
+        """Conservative samples/s: time per sample raised by ``z`` standard errors of its mean."""
+        n = np.atleast_1d(np.asarray(n, dtype=float))
+        mean, se = self._time_per_sample(n)
+        return 1.0 / (mean + self.z * se)
+
+    def capacity_table(self, max_workers: int) -> np.ndarray:
+        """``table[n]`` = conservative capacity of n workers, n = 0..max_workers."""
+        return np.concatenate([[0.0], self.capacity_lower(np.arange(1, max_workers + 1))])
+
+    def workers_for(self, rate: float, max_workers: int) -> int:
+        """Fewest workers whose conservative capacity covers ``rate``; ``max_workers`` if none does."""
+        return workers_for_rate(monotone(self.capacity_table(max_workers)), rate)
+
+    def saturation_workers(self, max_workers: int, min_gain: float = 0.05) -> int | None:
+        """First n where adding a worker gains less than ``min_gain`` of one worker's
+        throughput, or where throughput peaks; None if scaling stays useful up to max."""
+        c = self.predict(np.arange(1, max_workers + 2))
+        gain = np.diff(c) / c[0]
+        below = np.flatnonzero(gain < min_gain)
+        return int(below[0]) + 1 if below.size else None
+
+    def to_dict(self) -> dict:
+        """JSON-friendly parameters (for MLflow and state stores)."""
+        return {
+            "features": list(FEATURE_NAMES),
+            "coef": list(self.coef),
+            "cov": [list(r) for r in self.cov],
+            "rel_std": self.rel_std,
+            "n_obs": self.n_obs,
+            "worker_counts": list(self.worker_counts),
+            "z": self.z,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ThroughputModel":
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            coef=tuple(d["coef"]),
+            cov=tuple(tuple(r) for r in d["cov"]),
+            rel_std=float(d["rel_std"]),
+            n_obs=int(d["n_obs"]),
+            worker_counts=tuple(d["worker_counts"]),
+            z=float(d.get("z", 1.645)),
+        )
+
+
+def workers_for_rate(capacity_table, rate: float) -> int:
+    """Fewest n >= 1 with ``capacity_table[n] >= rate``; the last index if none does.
+
+    ``capacity_table`` (a list or array, index = workers) must be non-decreasing from
+    index 1 on; a saturating curve is made monotone first (see ``monotone``).
+    """
+    idx = bisect_left(capacity_table, rate, 1)
+    return min(idx, len(capacity_table) - 1)
+
+
+def monotone(capacity_table: np.ndarray) -> list[float]:
+    """Running maximum as a list: more workers never count as less capacity (past
+    saturation, extra workers are not worth it, which ``workers_for_rate`` then avoids)."""
+    return np.maximum.accumulate(capacity_table).tolist()
