@@ -87,7 +87,7 @@ class SeasonalNaiveForecaster:
     the recent mean level with quantiles from recent variation (``mode == "level"``).
     """
 
-    quantiles: tuple[float, ...] = (0.5, 0.9)
+    quantiles: tuple[float, ...] = (0.5, 0.8, 0.9)
     candidates: tuple[tuple[float, int], ...] = ((DAY_S, 7), (7 * DAY_S, 2))
     level_window_s: float = 3600.0
     level_clip: tuple[float, float] = (0.5, 2.0)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from bisect import bisect_right
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -31,7 +31,7 @@ from kale_airflow.core.forecast import get_forecaster
 from kale_airflow.core.policies import (
     AutopilotPolicy, HPAPolicy, KEDAConfig, KEDAPolicy, Limits, Observation, StaticPolicy, make_online_kale,
 )
-from kale_airflow.core.policies.kale import KalePolicy, KnownCapacity, OracleForecastSource
+from kale_airflow.core.policies.kale import KaleConfig, KalePolicy, KnownCapacity, OracleForecastSource
 from kale_airflow.core.throughput import ClusterModel
 from kale_airflow.core.traffic import Trace
 
@@ -235,10 +235,10 @@ def run_policy(policy, workload: Workload, cfg: SimConfig, noise: np.ndarray, in
         cap_l.append(cap_rate)
         backlog_l.append(backlog)
         fresh_l.append(fresh)
-        if progress is not None and k % 8192 == 8191:
-            progress.update(8192)
+        if progress is not None and k % 4096 == 4095:
+            progress.update(4096)
     if progress is not None:
-        progress.update(T % 8192)
+        progress.update(T % 4096)
 
     backlog_a = np.asarray(backlog_l)
     fresh_a = np.asarray(fresh_l)
@@ -291,7 +291,7 @@ class SimulationResult:
 
 
 def build_policy(name: str, cfg: SimConfig, workload: Workload, forecaster: str = "seasonal",
-                 forecaster_kwargs: dict | None = None):
+                 forecaster_kwargs: dict | None = None, kale_config: KaleConfig | None = None):
     """Construct a policy by name with what it may know: past history and profiling only.
 
     ``static`` and ``oracle`` are references, not deployable policies: static is sized
@@ -299,10 +299,8 @@ def build_policy(name: str, cfg: SimConfig, workload: Workload, forecaster: str 
     """
     limits = cfg.limits
     profile = profile_observations(cfg)
+    kcfg = replace(kale_config or KaleConfig(), slo_s=cfg.slo_s, rescale_downtime_s=cfg.rescale_downtime_s)
     if name == "kale":
-        from kale_airflow.core.policies.kale import KaleConfig
-
-        kcfg = KaleConfig(slo_s=cfg.slo_s, rescale_downtime_s=cfg.rescale_downtime_s)
         return make_online_kale(limits, get_forecaster(forecaster, **(forecaster_kwargs or {})), profile, kcfg,
                                 history=workload.history)
     if name == "hpa":
@@ -316,9 +314,6 @@ def build_policy(name: str, cfg: SimConfig, workload: Workload, forecaster: str 
         peak = float(workload.arrivals.max()) / cfg.tick_s
         return StaticPolicy(limits.clamp(cfg.cluster.workers_for(peak, limits.upper)))
     if name == "oracle":
-        from kale_airflow.core.policies.kale import KaleConfig
-
-        kcfg = KaleConfig(slo_s=cfg.slo_s, rescale_downtime_s=cfg.rescale_downtime_s)
         source = OracleForecastSource(workload.start_s, cfg.tick_s, workload.arrivals / cfg.tick_s)
         capacity = KnownCapacity(cfg.cluster.capacity_table(limits.upper))
         return KalePolicy(limits, source, capacity, kcfg, name="oracle")
@@ -326,7 +321,8 @@ def build_policy(name: str, cfg: SimConfig, workload: Workload, forecaster: str 
 
 
 def simulate(trace: Trace, policies=ALL_POLICIES, cfg: SimConfig | None = None, forecaster: str = "seasonal",
-             forecaster_kwargs: dict | None = None, progress: bool = False) -> SimulationResult:
+             forecaster_kwargs: dict | None = None, progress: bool = False,
+             kale_config: KaleConfig | None = None) -> SimulationResult:
     """Run the protocol for several policies on one trace."""
     cfg = cfg or SimConfig()
     started = time.perf_counter()
@@ -341,7 +337,7 @@ def simulate(trace: Trace, policies=ALL_POLICIES, cfg: SimConfig | None = None, 
         bar = tqdm(total=len(workload.arrivals) * len(policies), unit="tick", unit_scale=True, desc=trace.name)
     runs = {}
     for name in policies:
-        policy = build_policy(name, cfg, workload, forecaster, forecaster_kwargs)
+        policy = build_policy(name, cfg, workload, forecaster, forecaster_kwargs, kale_config)
         runs[name] = run_policy(policy, workload, cfg, noise, initial, bar)
     if bar is not None:
         bar.close()

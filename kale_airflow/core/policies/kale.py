@@ -46,7 +46,8 @@ class KaleConfig:
     slo_s: float = 300.0
     rescale_downtime_s: float = 90.0
     lookahead_s: float = 3600.0
-    headroom: float = 0.05
+    forecast_quantile: float = 0.8
+    headroom: float = 0.03
     min_drain_s: float = 60.0
     slo_risk_fraction: float = 0.5
     up_window_s: float = 60.0
@@ -433,11 +434,11 @@ class KalePolicy:
 
 
 def make_online_kale(limits: Limits, forecaster: Forecaster, profile: tuple, config: KaleConfig | None = None,
-                     history: pd.Series | None = None, bin_s: float = 300.0, quantile: float = 0.9,
-                     name: str = "kale") -> KalePolicy:
+                     history: pd.Series | None = None, bin_s: float = 300.0, name: str = "kale") -> KalePolicy:
     """Kale as deployed: online forecaster plus a throughput model fitted from observations."""
     cfg = config or KaleConfig()
-    source = OnlineForecastSource(forecaster, bin_s=bin_s, quantile=quantile, max_horizon_s=2 * cfg.lookahead_s)
+    source = OnlineForecastSource(forecaster, bin_s=bin_s, quantile=cfg.forecast_quantile,
+                                  max_horizon_s=2 * cfg.lookahead_s)
     if history is not None and len(history):
         source.preload(history)
     capacity = OnlineThroughput(*profile, max_workers=limits.upper)
