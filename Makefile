@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 OUT ?= out
 
-.PHONY: demo test install clean
+.PHONY: demo test bench install clean
 
 install: $(STAMP)
 
@@ -15,8 +15,13 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
+# Until the Airflow loop lands, the main job is the simulator on the bundled trace.
 demo: $(STAMP)
-	$(BIN)/kale simulate --json $(OUT)/simulate.json --plot $(OUT)/simulate.png
+	$(BIN)/kale simulate --days 30 --json $(OUT)/simulate.json --plot $(OUT)/simulate.png
+	@echo "demo: results in $(OUT)/simulate.json, plot in $(OUT)/simulate.png"
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/engine.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -1,0 +1,91 @@
+import numpy as np
+import pytest
+
+from kale_airflow.core.throughput import ClusterModel, ThroughputModel, ThroughputModelError, monotone, workers_for_rate
+
+
+def noisy_obs(model: ClusterModel, counts, per_count=30, sd=0.03, seed=0):
+    rng = np.random.default_rng(seed)
+    n = np.repeat(np.asarray(counts, dtype=float), per_count)
+    return n, model.capacity(n) * (1 + sd * rng.standard_normal(n.size))
+
+
+def test_fit_recovers_the_true_curve_from_noisy_observations():
+    truth = ClusterModel(per_worker=500, serial_fraction=0.02)
+    m = ThroughputModel.fit(*noisy_obs(truth, [1, 2, 4, 8, 16, 32]))
+    for n in (1, 3, 10, 32, 48):
+        assert m.predict(n)[0] == pytest.approx(truth.capacity(n), rel=0.03)
+
+
+def test_lower_bound_is_below_the_mean_and_widens_when_extrapolating():
+    truth = ClusterModel()
+    m = ThroughputModel.fit(*noisy_obs(truth, [2, 4, 8], per_count=10))
+    rel_gap = 1 - m.capacity_lower([4, 64]) / m.predict([4, 64])
+    assert (rel_gap > 0).all()
+    assert rel_gap[1] > 3 * rel_gap[0]
+
+
+def test_inversion_gives_the_fewest_workers_that_cover_the_rate():
+    truth = ClusterModel()
+    m = ThroughputModel.fit(*noisy_obs(truth, [1, 2, 4, 8, 16, 32, 64]))
+    for rate in (500.0, 5_000.0, 20_000.0):
+        n = m.workers_for(rate, 64)
+        assert m.capacity_lower(n)[0] >= rate
+        assert n == 1 or m.capacity_lower(n - 1)[0] < rate
+    assert m.workers_for(1e9, 64) == 64
+
+
+@pytest.mark.parametrize(
+    "counts, active_features",
+    [([4, 8], 2), ([2, 4, 8], 3), ([1, 2, 4, 8], 4)],
+    ids=["two-counts-amdahl", "three-counts-adds-log", "four-counts-all"],
+)
+def test_feature_set_grows_with_distinct_counts(counts, active_features):
+    m = ThroughputModel.fit(*noisy_obs(ClusterModel(), counts, per_count=5))
+    assert all(c == 0.0 for c in m.coef[active_features:])
+    assert m.worker_counts == tuple(counts)
+
+
+@pytest.mark.parametrize(
+    "workers, rates, message",
+    [
+        ([8, 8, 8], [7000, 7100, 6900], "only 1 distinct worker count"),
+        ([1, 2], [1000, float("nan")], "NaN or infinite"),
+        ([1, 2], [1000, 0], "<= 0"),
+        ([1, 2.5], [1000, 2000], "whole numbers"),
+        ([1, 2, 3], [1000, 2000], "differ in length"),
+    ],
+    ids=["one-count", "nan", "zero-rate", "fractional-workers", "length-mismatch"],
+)
+def test_bad_observations_get_clear_errors(workers, rates, message):
+    with pytest.raises(ThroughputModelError, match=message):
+        ThroughputModel.fit(workers, rates)
+
+
+def test_saturation_is_detected_when_communication_dominates():
+    # Time per sample with a strong all-to-all term: throughput peaks, then falls.
+    n = np.repeat(np.arange(1, 17, dtype=float), 3)
+    rate = 1.0 / (1e-3 / n + 1e-5 * n)
+    m = ThroughputModel.fit(n, rate)
+    sat = m.saturation_workers(64)
+    assert sat is not None and 8 <= sat <= 10  # analytic peak at sqrt(1e-3 / 1e-5) = 10
+    assert ThroughputModel.fit(*noisy_obs(ClusterModel(serial_fraction=0.0), [1, 2, 4, 8])).saturation_workers(64) is None
+
+
+def test_monotone_table_never_buys_useless_workers():
+    table = monotone(np.array([0.0, 10.0, 18.0, 20.0, 19.0, 17.0]))
+    assert workers_for_rate(table, 19.5) == 3
+    assert workers_for_rate(table, 25.0) == 5  # unreachable: the largest count
+
+
+def test_round_trip_through_dict():
+    m = ThroughputModel.fit(*noisy_obs(ClusterModel(), [1, 4, 16]))
+    m2 = ThroughputModel.from_dict(m.to_dict())
+    assert m2.predict(12)[0] == pytest.approx(m.predict(12)[0])
+
+
+def test_cluster_model_inverse_matches_forward():
+    c = ClusterModel()
+    for n in (1.0, 7.5, 64.0):
+        assert float(c.workers_for_fractional(c.capacity(n))) == pytest.approx(n)
+    assert c.workers_for(c.capacity(10) + 1, 64) == 11

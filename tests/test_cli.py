@@ -1,0 +1,61 @@
+"""The ``kale`` command as a user runs it (the real console script, in a subprocess)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kale_airflow.cli import main
+from tests.conftest import daily_series
+
+KALE = Path(sys.executable).parent / "kale"
+
+
+def test_help_documents_every_option():
+    out = subprocess.run([str(KALE), "simulate", "--help"], capture_output=True, text=True, check=True).stdout
+    for opt in ("--trace", "--policies", "--forecaster", "--slo-seconds", "--json", "--plot", "--days"):
+        assert opt in out
+
+
+@pytest.mark.slow
+def test_simulate_on_the_bundled_trace_writes_json_and_plot(tmp_path):
+    out = subprocess.run(
+        [str(KALE), "simulate", "--days", "2", "--json", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.png"),
+         "--no-progress"],
+        capture_output=True, text=True, check=True,
+    )
+    assert "lag/HPA" in out.stdout and "fluid bound" in out.stdout
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["trace"] == "nyc_taxi_30min"
+    assert set(doc["policies"]) == {"kale", "hpa", "keda", "autopilot", "static", "oracle"}
+    keys = {"accumulated_lag", "mean_wait_s", "downtime_s", "slo_violation_rate", "gpu_hours", "rescales"}
+    assert all(keys <= set(m) for m in doc["policies"].values())
+    assert doc["limits"]["fluid_gpu_hours"] > 0
+    assert doc["config"]["slo_s"] == 300
+    assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_policies_subset_and_slo_option(tmp_path):
+    trace = tmp_path / "t.csv"
+    daily_series(days=16).to_frame().to_csv(trace, index_label="timestamp")
+    rc = main(["simulate", "--trace", str(trace), "--policies", "kale,static", "--slo-seconds", "120", "--days", "1",
+               "--json", str(tmp_path / "o.json"), "--no-progress"])
+    assert rc == 0
+    doc = json.loads((tmp_path / "o.json").read_text())
+    assert set(doc["policies"]) == {"kale", "static"} and doc["config"]["slo_s"] == 120
+
+
+def test_bad_trace_gets_a_clear_error_and_exit_2(tmp_path, capsys):
+    bad = tmp_path / "bad.csv"
+    rows = ["timestamp,value"] + [f"2024-01-01 00:{m:02d}:00,{'x' if m == 7 else 5}" for m in range(60)]
+    bad.write_text("\n".join(rows))
+    assert main(["simulate", "--trace", str(bad), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "row 8: value 'x' is not a number" in err
+
+
+def test_unknown_policy_is_a_usage_error():
+    proc = subprocess.run([str(KALE), "simulate", "--policies", "kale,vpa"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "unknown policy" in proc.stderr
