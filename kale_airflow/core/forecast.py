@@ -192,6 +192,10 @@ class SeasonalNaiveForecaster:
         """Season picked by the last calibration (None before predict or in level mode)."""
         return None if self._chosen is None else self._chosen[0] * self._step
 
+    def forecast(self, history: pd.Series, horizon: int) -> pd.DataFrame:
+        """Forecast after ``history`` (a seasonal profile has no parameters beyond the data)."""
+        return self.fit(history).predict(horizon)
+
     def predict(self, horizon: int) -> pd.DataFrame:
         """Forecast ``horizon`` future steps: ``mean`` and one ``q<pct>`` column per quantile."""
         mean, quants = self.predict_arrays(horizon)
@@ -226,6 +230,7 @@ class SeasonalNaiveForecaster:
 # name -> "module:attribute" (imported lazily so heavy forecasters cost nothing until used)
 _REGISTRY: dict[str, str | Callable[..., Forecaster]] = {
     "seasonal": SeasonalNaiveForecaster,
+    "neuralprophet": "kale_airflow.forecasting.neuralprophet:NeuralProphetForecaster",
 }
 
 

@@ -1,0 +1,1 @@
+"""Heavy forecasters behind the core interface (imported lazily by name)."""
