@@ -55,3 +55,31 @@ def plot_simulation(result, path: str | Path, points: int = 3000) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_backtest(result, path: str | Path, title: str = "") -> Path:
+    """Actual traffic against the forecast made ``horizon`` steps earlier, with the quantile band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fc = result.forecasts
+    last = fc[fc["step"] == fc["step"].max()].sort_values("target")
+    fig, ax = plt.subplots(figsize=(13, 4.5), constrained_layout=True)
+    ax.plot(last["target"], last["actual"], color="black", lw=0.9, label="actual")
+    ax.plot(last["target"], last["mean"], color="tab:blue", lw=0.9, label="forecast (mean)")
+    upper = [c for c in ("q90", "q80") if c in last]
+    if upper:
+        ax.fill_between(last["target"], last.get("q50", last["mean"]), last[upper[0]], color="tab:blue", alpha=0.2,
+                        label=f"q50-{upper[0]}")
+    ax.plot(last["target"], last["naive"], color="tab:gray", lw=0.6, ls=":", label="daily seasonal naive")
+    m = result.metrics
+    ax.set_title(title or f"{m['forecaster']}: {m['horizon_s'] / 3600:g} h ahead, MASE {m['mase']:.3f}, "
+                          f"coverage {m['coverage']:.2f}")
+    ax.legend(fontsize=8, loc="upper left")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

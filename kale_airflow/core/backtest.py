@@ -60,28 +60,47 @@ def backtest(series: pd.Series, forecaster: Forecaster, horizon: int, *, test_da
              stride: int | None = None, max_train_days: float | None = None, upper_quantile: float = 0.9,
              progress=None) -> BacktestResult:
     """Fit before the test window, then forecast from rolling origins inside it."""
-    step = series_step_s(series)
-    season = int(round(DAY_S / step))
-    n = len(series)
-    test = int(round(test_days * DAY_S / step))
-    cut = n - test
-    if horizon < 1:
-        raise ForecastError(f"horizon must be at least one step ({step:g} s)")
-    if cut < season + 1 or test < horizon:
-        raise ForecastError(
-            f"series of {n * step / DAY_S:.1f} days is too short for a {test_days:g}-day test window plus "
-            "at least one day of training; use a longer trace or a shorter --test-days"
-        )
-    stride = stride or max(1, horizon // 2)
-    start = 0 if max_train_days is None else max(0, cut - int(round(max_train_days * DAY_S / step)))
+    cut, start = split(series, horizon, test_days, max_train_days)
     t0 = time.perf_counter()
     forecaster.fit(series.iloc[start:cut])
     fit_seconds = time.perf_counter() - t0
+    result = evaluate(series, forecaster, horizon, first_origin=cut, history_start=start, stride=stride,
+                      upper_quantile=upper_quantile, progress=progress)
+    result.metrics.update({"fit_seconds": fit_seconds, "train_rows": cut - start, "test_days": test_days})
+    return result
+
+
+def split(series: pd.Series, horizon: int, test_days: float, max_train_days: float | None = None) -> tuple[int, int]:
+    """(first test index, first training index) for a test window of ``test_days``."""
+    step = series_step_s(series)
+    season = int(round(DAY_S / step))
+    n = len(series)
+    cut = n - int(round(test_days * DAY_S / step))
+    if horizon < 1:
+        raise ForecastError(f"horizon must be at least one step ({step:g} s)")
+    if cut < season + 1 or n - cut < horizon:
+        raise ForecastError(
+            f"series of {n * step / DAY_S:.1f} days is too short for a {test_days:g}-day test window plus "
+            "at least one day of training; use a longer history or a shorter test window"
+        )
+    start = 0 if max_train_days is None else max(0, cut - int(round(max_train_days * DAY_S / step)))
+    return cut, start
+
+
+def evaluate(series: pd.Series, forecaster: Forecaster, horizon: int, *, first_origin: int, history_start: int = 0,
+             stride: int | None = None, upper_quantile: float = 0.9, progress=None) -> BacktestResult:
+    """Forecast from origins ``first_origin, +stride, ...`` with an already fitted forecaster."""
+    step = series_step_s(series)
+    season = int(round(DAY_S / step))
+    n = len(series)
+    if first_origin < season:
+        raise ForecastError("the first origin needs a day of history before it for the seasonal-naive reference")
+    stride = stride or max(1, horizon // 2)
     y = series.to_numpy(dtype=float)
     rows = []
-    origins = range(cut, n - horizon + 1, stride)
+    origins = range(first_origin, n - horizon + 1, stride)
     for o in origins:
-        frame = forecast_from(forecaster, series.iloc[start:o], horizon)
+        frame = forecast_from(forecaster, series.iloc[history_start:o], horizon)
         if len(frame) != horizon or not frame.index.equals(series.index[o:o + horizon]):
             raise ForecastError(f"{forecaster.name} returned timestamps that do not follow the history at origin {o}")
         block = {"origin": series.index[o], "target": series.index[o:o + horizon], "step": np.arange(1, horizon + 1),
@@ -91,25 +110,24 @@ def backtest(series: pd.Series, forecaster: Forecaster, horizon: int, *, test_da
         rows.append(pd.DataFrame(block))
         if progress is not None:
             progress.update(1)
+    if not rows:
+        raise ForecastError("no origin fits in the test window; shorten the horizon")
     fc = pd.concat(rows, ignore_index=True)
     actual, mean, naive = fc["actual"].to_numpy(), fc["mean"].to_numpy(), fc["naive"].to_numpy()
     naive_mae = float(np.mean(np.abs(actual - naive)))
+    mae = float(np.mean(np.abs(actual - mean)))
     qcols = [(q, quantile_column(q)) for q in forecaster.quantiles if quantile_column(q) in fc]
-    upper_col = quantile_column(upper_quantile)
     metrics = {
         "forecaster": forecaster.name,
         "horizon_steps": horizon,
         "horizon_s": horizon * step,
         "origins": len(origins),
-        "test_days": test_days,
-        "train_rows": cut - start,
-        "fit_seconds": fit_seconds,
-        "mae": float(np.mean(np.abs(actual - mean))),
+        "mae": mae,
         "naive_mae": naive_mae,
-        "mase": float(np.mean(np.abs(actual - mean)) / naive_mae) if naive_mae > 0 else float("inf"),
+        "mase": mae / naive_mae if naive_mae > 0 else float("inf"),
         "smape": smape(actual, mean),
         "pinball": {c: pinball(actual, fc[c].to_numpy(), q) for q, c in qcols},
         "coverage_by_quantile": {c: float(np.mean(actual <= fc[c].to_numpy())) for q, c in qcols},
     }
-    metrics["coverage"] = metrics["coverage_by_quantile"].get(upper_col)
+    metrics["coverage"] = metrics["coverage_by_quantile"].get(quantile_column(upper_quantile))
     return BacktestResult(metrics, fc)

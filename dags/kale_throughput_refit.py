@@ -1,0 +1,66 @@
+"""Refit the resource-to-throughput model from recorded (workers, samples/s) observations."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from airflow.sdk import Param, dag, get_current_context, task
+
+from kale_airflow.dag_helpers import schedule_from
+
+DOC = """
+### Kale: refit the throughput model
+
+Reads (workers, samples/s) observations from the metrics source (workers record them;
+the embedded default starts from the simulator's profiling run), fits the Ernest-style
+model on all but the newest `holdout_fraction`, scores it and the champion on those,
+registers `kale-throughput-model` with alias `challenger`, then promotes or holds it
+for review exactly like the forecaster.
+
+Schedule: Airflow Variable `kale_throughput_refit_schedule` (default `@hourly`).
+"""
+
+
+@dag(
+    dag_id="kale_throughput_refit",
+    schedule=schedule_from("kale_throughput_refit_schedule", "@hourly"),
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    tags=["kale", "mlflow"],
+    doc_md=DOC,
+    params={
+        "holdout_fraction": Param(0.2, type="number", minimum=0.05, maximum=0.5,
+                                  description="newest observations held out for scoring"),
+        "auto_promote": Param(True, type="boolean", description="promote a winning challenger without review"),
+    },
+)
+def kale_throughput_refit():
+    @task(doc_md="Fit on older observations; score it and the champion on the newest.")
+    def fit(params: dict | None = None) -> dict:
+        from kale_airflow.config import settings
+        from kale_airflow.registry.workflows import refit_throughput
+
+        return refit_throughput(settings(), get_current_context()["run_id"], float(params["holdout_fraction"]))
+
+    @task(doc_md="Log and register with alias `challenger`.")
+    def register(summary: dict) -> dict:
+        from kale_airflow.config import settings
+        from kale_airflow.registry.workflows import register_throughput
+
+        return register_throughput(settings(), get_current_context()["run_id"], summary)
+
+    @task(doc_md="Promote if configured and winning (lower relative RMSE), else tag for review.")
+    def promote_or_hold(summary: dict, registered: dict, params: dict | None = None) -> dict:
+        from kale_airflow.config import settings
+        from kale_airflow.registry.mlflow_registry import THROUGHPUT_MODEL
+        from kale_airflow.registry.workflows import promote_or_hold as decide
+
+        return decide(settings(), THROUGHPUT_MODEL, registered["version"], summary["metrics"],
+                      summary["champion_metrics"], "rel_rmse", bool(params["auto_promote"]))
+
+    summary = fit()
+    promote_or_hold(summary, register(summary))
+
+
+kale_throughput_refit()

@@ -1,0 +1,1 @@
+"""Where traffic, lag and throughput history come from (embedded store; Prometheus later)."""

@@ -1,0 +1,1 @@
+"""MLflow: log, register, compare, promote (aliases, never deprecated stages)."""
