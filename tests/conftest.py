@@ -22,3 +22,17 @@ def daily_series(days: int = 21, step_s: int = 300, base: float = 100.0, amp: fl
 @pytest.fixture
 def daily():
     return daily_series()
+
+
+@pytest.fixture(scope="session")
+def airflow_template(tmp_path_factory):
+    from tests.airflow_harness import migrated_template
+
+    return migrated_template(tmp_path_factory.mktemp("airflow"))
+
+
+@pytest.fixture
+def airflow_home(airflow_template, tmp_path):
+    from tests.airflow_harness import fresh_home
+
+    return fresh_home(airflow_template, tmp_path / "home")

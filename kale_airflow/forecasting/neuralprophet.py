@@ -95,7 +95,7 @@ class NeuralProphetForecaster:
             epochs=self._epochs,
             learning_rate=self.learning_rate,
             batch_size=self.batch_size,
-            trainer_config={"accelerator": "cpu", "enable_progress_bar": False, "logger": False,
+            trainer_config={"accelerator": "cpu", "logger": False,
                             "enable_checkpointing": False, "enable_model_summary": False},
         )
 

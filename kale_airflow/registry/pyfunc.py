@@ -39,3 +39,28 @@ class ThroughputModelPyfunc(mlflow.pyfunc.PythonModel):
         n = model_input["workers"].to_numpy(dtype=float)
         return pd.DataFrame({"workers": n.astype(int), "samples_per_s": self.model.predict(n),
                              "lower_bound": self.model.capacity_lower(n)})
+
+
+def forecaster_signature(quantile_columns: list[str], default_horizon: int = 12):
+    """Signature: history frame in, forecast frame out, ``horizon`` (steps) as a param."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+
+    return ModelSignature(
+        inputs=Schema([ColSpec("datetime", "timestamp"), ColSpec("double", "value")]),
+        outputs=Schema([ColSpec("datetime", "timestamp"), ColSpec("double", "mean")]
+                       + [ColSpec("double", c) for c in quantile_columns]),
+        params=ParamSchema([ParamSpec("horizon", "long", default_horizon)]),
+    )
+
+
+def throughput_signature():
+    """Signature: worker counts in, mean and conservative samples/s out."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, Schema
+
+    return ModelSignature(
+        inputs=Schema([ColSpec("long", "workers")]),
+        outputs=Schema([ColSpec("long", "workers"), ColSpec("double", "samples_per_s"),
+                        ColSpec("double", "lower_bound")]),
+    )

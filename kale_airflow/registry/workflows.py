@@ -16,7 +16,7 @@ import pandas as pd
 
 from kale_airflow.config import Settings
 from kale_airflow.core.backtest import evaluate, split
-from kale_airflow.core.forecast import ForecastError, get_forecaster
+from kale_airflow.core.forecast import ForecastError, get_forecaster, quantile_column
 from kale_airflow.core.throughput import ThroughputModel
 from kale_airflow.core.traffic import TraceError, load_trace
 from kale_airflow.metrics.embedded import open_metrics
@@ -98,6 +98,7 @@ def train_and_backtest(settings: Settings, run_id: str, path: str, forecaster: s
         "data_hash": _hash(series.iloc[start:cut]),
         "forecaster": forecaster,
         "horizon_steps": horizon,
+        "quantile_columns": [quantile_column(q) for q in model.quantiles],
     }
     return summary
 
@@ -107,7 +108,7 @@ def register_forecaster(settings: Settings, run_id: str, summary: dict) -> dict:
     import mlflow
 
     from kale_airflow.registry.mlflow_registry import FORECASTER_MODEL, mlflow_at, register
-    from kale_airflow.registry.pyfunc import ForecasterModel
+    from kale_airflow.registry.pyfunc import ForecasterModel, forecaster_signature
 
     with mlflow_at(settings.mlflow_uri, settings.artifacts.as_uri()) as client:
         with mlflow.start_run(run_name=f"forecaster-{run_id}") as run:
@@ -117,7 +118,9 @@ def register_forecaster(settings: Settings, run_id: str, summary: dict) -> dict:
             mlflow.log_metrics({k: v for k, v in summary["metrics"].items() if isinstance(v, (int, float))})
             mlflow.log_artifact(summary["plot"])
             mlflow.pyfunc.log_model(name="model", python_model=ForecasterModel(),
-                                    artifacts={"forecaster": summary["model_dir"]})
+                                    artifacts={"forecaster": summary["model_dir"]},
+                                    signature=forecaster_signature(summary["quantile_columns"],
+                                                                   summary["horizon_steps"]))
         version = register(client, FORECASTER_MODEL, run.info.run_id, "model",
                            "Traffic forecaster for kale-airflow (samples per step; mean and quantiles).")
     return {"run_id": run.info.run_id, "version": version}
@@ -170,7 +173,7 @@ def register_throughput(settings: Settings, run_id: str, summary: dict) -> dict:
     import mlflow
 
     from kale_airflow.registry.mlflow_registry import THROUGHPUT_MODEL, mlflow_at, register
-    from kale_airflow.registry.pyfunc import ThroughputModelPyfunc
+    from kale_airflow.registry.pyfunc import ThroughputModelPyfunc, throughput_signature
 
     with mlflow_at(settings.mlflow_uri, settings.artifacts.as_uri()) as client:
         with mlflow.start_run(run_name=f"throughput-{run_id}") as run:
@@ -178,7 +181,7 @@ def register_throughput(settings: Settings, run_id: str, summary: dict) -> dict:
             mlflow.log_metrics(summary["metrics"])
             mlflow.log_artifact(summary["path"])
             mlflow.pyfunc.log_model(name="model", python_model=ThroughputModelPyfunc(),
-                                    artifacts={"throughput": summary["path"]})
+                                    artifacts={"throughput": summary["path"]}, signature=throughput_signature())
         version = register(client, THROUGHPUT_MODEL, run.info.run_id, "model",
                            "Resource-to-throughput model for kale-airflow (samples/s by GPU workers).")
     return {"run_id": run.info.run_id, "version": version}

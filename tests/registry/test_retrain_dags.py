@@ -1,0 +1,100 @@
+"""Both DAGs end to end with dag.test() against a SQLite MLflow store."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from mlflow.tracking import MlflowClient
+
+from kale_airflow.metrics.embedded import EmbeddedMetrics
+from kale_airflow.registry.mlflow_registry import FORECASTER_MODEL, THROUGHPUT_MODEL
+
+pytestmark = pytest.mark.slow
+
+
+def alias_version(uri, name, alias):
+    try:
+        return str(MlflowClient(uri, uri).get_model_version_by_alias(name, alias).version)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def test_forecaster_retrain_registers_promotes_then_holds_for_review(airflow_home):
+    run = airflow_home.run("kale_forecaster_retrain", {"forecaster": "seasonal", "history_days": 7,
+                                                       "auto_promote": True})
+    assert run.state == "success", run.log[-3000:]
+    uri = airflow_home.mlflow_uri
+    assert alias_version(uri, FORECASTER_MODEL, "champion") == "1"
+    client = MlflowClient(uri, uri)
+    v1 = client.get_model_version(FORECASTER_MODEL, "1")
+    assert v1.tags["kale.review"] == "promoted"
+    run_data = client.get_run(v1.run_id).data
+    assert {"train_start", "train_end", "data_hash"} <= set(run_data.params)
+    assert "mase" in run_data.metrics and "coverage" in run_data.metrics
+    assert "backtest.png" in {a.path for a in client.list_artifacts(v1.run_id)}
+
+    # A NeuralProphet challenger without auto-promotion waits for review; champion unchanged.
+    run = airflow_home.run("kale_forecaster_retrain", {"forecaster": "neuralprophet", "history_days": 7,
+                                                       "auto_promote": False})
+    assert run.state == "success", run.log[-3000:]
+    assert alias_version(uri, FORECASTER_MODEL, "challenger") == "2"
+    assert alias_version(uri, FORECASTER_MODEL, "champion") == "1"
+    v2 = client.get_model_version(FORECASTER_MODEL, "2")
+    assert v2.tags["kale.review"] == "pending"
+    assert "champion v1" in v2.description and "challenger mase" in v2.description
+
+    # The registered model loads through pyfunc and forecasts after the history it is given.
+    import mlflow.pyfunc
+
+    mlflow.set_tracking_uri(uri)
+    model = mlflow.pyfunc.load_model(f"models:/{FORECASTER_MODEL}@challenger")
+    hist = EmbeddedMetrics(airflow_home.kale_home / "metrics.db").traffic_history(3)
+    out = model.predict(hist.rename("value").reset_index().rename(columns={"index": "timestamp"}),
+                        params={"horizon": 2})
+    assert list(out.columns) == ["timestamp", "mean", "q50", "q80", "q90"]
+    assert pd.Timestamp(out["timestamp"].iloc[0]) == hist.index[-1] + pd.Timedelta(minutes=30)
+
+
+def test_throughput_refit_registers_and_promotes(airflow_home):
+    run = airflow_home.run("kale_throughput_refit")
+    assert run.state == "success", run.log[-3000:]
+    uri = airflow_home.mlflow_uri
+    assert alias_version(uri, THROUGHPUT_MODEL, "champion") == "1"
+    import mlflow.pyfunc
+
+    mlflow.set_tracking_uri(uri)
+    pred = mlflow.pyfunc.load_model(f"models:/{THROUGHPUT_MODEL}@champion").predict(pd.DataFrame({"workers": [1, 32]}))
+    assert pred["samples_per_s"].iloc[1] == pytest.approx(24_427, rel=0.03)  # the profiled cluster
+    assert (pred["lower_bound"] <= pred["samples_per_s"]).all()
+
+
+def _store(home, values):
+    idx = pd.date_range("2024-01-01", periods=len(values), freq="30min")
+    EmbeddedMetrics(home.kale_home / "metrics.db", seed=False).write_traffic(pd.Series(values, index=idx))
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        (np.where(np.arange(480) == 300, np.nan, 100 + 50 * np.sin(np.arange(480) / 7.6)), "value is missing (NaN)"),
+        (np.full(480, 250.0), "traffic history is constant"),
+        (100 + 50 * np.sin(np.arange(60) / 7.6), "at least 2 days are needed"),
+    ],
+    ids=["nan", "constant", "too-short"],
+)
+def test_bad_history_fails_validation_and_changes_no_alias(airflow_home, values, message):
+    _store(airflow_home, values)
+    run = airflow_home.run("kale_forecaster_retrain", {"forecaster": "seasonal", "history_days": 10,
+                                                       "auto_promote": True})
+    assert run.state == "failed"
+    assert run.tasks["validate"] == "failed" and run.tasks["register"] != "success"
+    assert message in run.log
+    assert alias_version(airflow_home.mlflow_uri, FORECASTER_MODEL, "challenger") is None
+
+
+def test_unreachable_mlflow_fails_with_a_clear_message(airflow_home):
+    run = airflow_home.run("kale_forecaster_retrain", {"forecaster": "seasonal", "history_days": 7},
+                           extra_env={"KALE_MLFLOW_URI": "http://127.0.0.1:9"})
+    assert run.state == "failed"
+    assert run.tasks["train_backtest"] == "failed"
+    assert "MLflow at http://127.0.0.1:9 is unreachable" in run.log
+    assert "No model or alias was changed" in run.log
