@@ -119,6 +119,46 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_json(path: str, what: str):
+    def no_duplicates(pairs):
+        keys = [k for k, _ in pairs]
+        dup = {k for k in keys if keys.count(k) > 1}
+        if dup:
+            raise ValueError(f"{what} {path}: key(s) {sorted(dup)} appear more than once")
+        return dict(pairs)
+
+    try:
+        return json.loads(Path(path).read_text(), object_pairs_hook=no_duplicates)
+    except FileNotFoundError:
+        raise ValueError(f"{what} {path} does not exist") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{what} {path} is not valid JSON: {exc}") from None
+
+
+def cmd_rebalance(args: argparse.Namespace) -> int:
+    """Assign partitions to workers and report balance and movement."""
+    from kale_airflow.core.rebalance import RebalanceOptions, assign
+
+    rates = _read_json(args.rates, "rates file")
+    if not isinstance(rates, dict):
+        raise ValueError(f"rates file {args.rates} must map partition id -> rate, e.g. {{\"p0\": 120.5}}")
+    previous = _read_json(args.previous, "previous assignment") if args.previous else None
+    result = assign(rates, args.workers, previous, RebalanceOptions(split=not args.no_split))
+    doc = result.to_dict(split=not args.no_split)
+    lb = doc["imbalance_lower_bound"]
+    print(f"{len(rates)} partitions over {args.workers} workers ({'slicing allowed' if not args.no_split else 'whole'}"
+          f"): imbalance {doc['imbalance']:.4f} (lower bound {lb:.4f})")
+    if previous is not None:
+        print(f"moved {doc['moved_fraction']:.2%} of the rate (lower bound {doc['moved_fraction_lower_bound']:.2%})")
+    for note in doc["notes"]:
+        print(f"note: {note}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(doc, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
     parser = argparse.ArgumentParser(
@@ -175,6 +215,24 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--plot", metavar="OUT.png", help="plot actual vs forecast with the quantile band")
     bt.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     bt.set_defaults(func=cmd_backtest)
+
+    rb = sub.add_parser(
+        "rebalance",
+        help="assign stream partitions to workers evenly, moving as little as possible",
+        description=(
+            "Assign partitions with uneven sample rates to N workers. With slicing (default) every worker gets the "
+            "same load and only the excess above the fair share moves; hot partitions are split into slices "
+            "[partition, share]. With --no-split partitions stay whole (no worse than longest-processing-time "
+            "greedy). --previous keeps workers' partitions where possible, also across a change of N."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    rb.add_argument("--rates", required=True, help='JSON object partition id -> samples/s, e.g. {"p0": 120.5}')
+    rb.add_argument("--workers", type=int, required=True, help="number of workers")
+    rb.add_argument("--previous", help="previous assignment JSON (the output of an earlier run)")
+    rb.add_argument("--no-split", action="store_true", help="never slice a partition")
+    rb.add_argument("--json", metavar="OUT", help="write assignment, imbalance, moved_fraction as JSON")
+    rb.set_defaults(func=cmd_rebalance)
     return parser
 
 
@@ -184,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:
         return args.func(args)
-    except (TraceError, SimulationError, ForecastError, ValueError) as exc:
+    except (TraceError, SimulationError, ForecastError, ValueError) as exc:  # RebalanceError is a ValueError
         print(f"kale: error: {exc}", file=sys.stderr)
         return 2
 

@@ -301,8 +301,12 @@ def build_policy(name: str, cfg: SimConfig, workload: Workload, forecaster: str 
     profile = profile_observations(cfg)
     kcfg = replace(kale_config or KaleConfig(), slo_s=cfg.slo_s, rescale_downtime_s=cfg.rescale_downtime_s)
     if name == "kale":
-        return make_online_kale(limits, get_forecaster(forecaster, **(forecaster_kwargs or {})), profile, kcfg,
-                                history=workload.history)
+        model = get_forecaster(forecaster, **(forecaster_kwargs or {}))
+        # Heavy forecasters (with a separate forecast step) retrain daily and re-forecast
+        # every 15 minutes, like the retrain DAG and the autoscaler would; cheap ones refit each bin.
+        heavy = hasattr(model, "forecast") and not hasattr(model, "fit_values")
+        return make_online_kale(limits, model, profile, kcfg, history=workload.history,
+                                refresh_every_s=900.0 if heavy else None, retrain_every_s=86400.0 if heavy else None)
     if name == "hpa":
         return HPAPolicy(limits)
     if name == "keda":

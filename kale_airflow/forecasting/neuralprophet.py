@@ -6,7 +6,7 @@ Choices (all derived from the history's step, none per trace):
   5-minute bins and forecasts are repeated back onto the native steps, so 14 days of
   1-minute data train in seconds on a CPU;
 - **AR-Net lags** cover the last ``lags_s`` (1 h) or 12 steps, whichever is longer, and
-  the model forecasts ``horizon_s`` (2 h) ahead in one pass (``n_forecasts``), so
+  the model forecasts ``horizon_s`` (3 h) ahead in one pass (``n_forecasts``), so
   predicting needs only recent history;
 - **epochs** are chosen for about ``target_steps`` optimizer steps (10 to 100 epochs),
   so short coarse histories are not under-trained and long fine ones stay fast;
@@ -50,7 +50,7 @@ class NeuralProphetForecaster:
     """NeuralProphet with AR lags, daily/weekly seasonality and calibrated quantiles."""
 
     quantiles: tuple[float, ...] = (0.5, 0.8, 0.9)
-    horizon_s: float = 7200.0
+    horizon_s: float = 10800.0
     lags_s: float = 3600.0
     min_resolution_s: float = 300.0
     epochs: int | None = None

@@ -139,20 +139,27 @@ def scale_down_worth_it(current: int, target: int, cfg: KaleConfig) -> tuple[boo
 
 # ------------------------------------------------------------------------- sources
 class OnlineForecastSource:
-    """Feeds observed rates into bins, refits a forecaster each bin, answers upper bounds.
+    """Feeds observed rates into bins and keeps a forecast of the next hours.
 
-    Only completed bins (strictly in the past) reach the forecaster: no peeking.
+    Every ``refresh_every_s`` (default: each bin) the forecast is renewed from the bins
+    so far. Cheap forecasters are simply refitted; heavy ones (with a ``forecast(history,
+    h)`` method, like NeuralProphet) are retrained every ``retrain_every_s`` and only
+    predict in between. Only completed bins (strictly in the past) reach the forecaster.
     """
 
     def __init__(self, forecaster: Forecaster, *, bin_s: float = 300.0, quantile: float = 0.9,
-                 history_s: float = 21 * 86400.0, max_horizon_s: float = 7200.0):
+                 history_s: float = 21 * 86400.0, max_horizon_s: float = 7200.0,
+                 refresh_every_s: float | None = None, retrain_every_s: float | None = None):
         if quantile not in forecaster.quantiles:
             raise ValueError(f"forecaster {forecaster.name} has no {quantile} quantile; it offers {forecaster.quantiles}")
         self.forecaster = forecaster
         self.bin_s = bin_s
         self._qi = forecaster.quantiles.index(quantile)
         self._keep = int(history_s // bin_s)
-        self._horizon = int(math.ceil(max_horizon_s / bin_s)) + 1
+        self._refresh_bins = max(1, int(round((refresh_every_s or bin_s) / bin_s)))
+        self._retrain_bins = None if retrain_every_s is None else max(1, int(round(retrain_every_s / bin_s)))
+        self._horizon = int(math.ceil(max_horizon_s / bin_s)) + self._refresh_bins
+        self._trained_at: int | None = None  # bin index of the last full training
         self._buf = np.zeros(2 * self._keep)  # ring of completed bin means, compacted when full
         self._len = 0
         self._last_bin: int | None = None  # index of the last completed bin
@@ -198,14 +205,19 @@ class OnlineForecastSource:
         try:
             if hasattr(f, "fit_values"):  # skips building a pandas index every few minutes
                 f.fit_values(bins.copy(), self.bin_s, pd.Timestamp(self._last_bin * self.bin_s, unit="s"))
+                upper = f.predict_arrays(self._horizon)[1][self._qi]
             else:
                 start = (self._last_bin - len(bins) + 1) * self.bin_s
                 idx = pd.date_range(pd.Timestamp(start, unit="s"), periods=len(bins), freq=f"{self.bin_s:g}s")
-                f.fit(pd.Series(bins, index=idx))
-            if hasattr(f, "predict_arrays"):
-                upper = f.predict_arrays(self._horizon)[1][self._qi]
-            else:
-                frame = f.predict(self._horizon)
+                series = pd.Series(bins.copy(), index=idx)
+                due = (self._trained_at is None or self._retrain_bins is None
+                       or self._last_bin - self._trained_at >= self._retrain_bins)
+                if due or not hasattr(f, "forecast"):
+                    f.fit(series)
+                    self._trained_at = self._last_bin
+                    frame = f.predict(self._horizon)
+                else:
+                    frame = f.forecast(series, self._horizon)
                 upper = frame[quantile_column(f.quantiles[self._qi])].to_numpy()
         except (ForecastError, ValueError, RuntimeError) as exc:
             self._upper, self._error = None, f"forecaster failed: {exc}"
@@ -224,7 +236,8 @@ class OnlineForecastSource:
         if self._acc_bin is not None and b != self._acc_bin:
             self._push(self._acc_bin, self._acc / self._acc_n)
             self._acc, self._acc_n = 0.0, 0
-            self._refit()
+            if self._upper is None or self._last_bin + 1 - self._upper_from >= self._refresh_bins:
+                self._refit()
         self._acc_bin = b
         self._acc += rate
         self._acc_n += 1
@@ -434,11 +447,13 @@ class KalePolicy:
 
 
 def make_online_kale(limits: Limits, forecaster: Forecaster, profile: tuple, config: KaleConfig | None = None,
-                     history: pd.Series | None = None, bin_s: float = 300.0, name: str = "kale") -> KalePolicy:
+                     history: pd.Series | None = None, bin_s: float = 300.0, name: str = "kale",
+                     refresh_every_s: float | None = None, retrain_every_s: float | None = None) -> KalePolicy:
     """Kale as deployed: online forecaster plus a throughput model fitted from observations."""
     cfg = config or KaleConfig()
     source = OnlineForecastSource(forecaster, bin_s=bin_s, quantile=cfg.forecast_quantile,
-                                  max_horizon_s=2 * cfg.lookahead_s)
+                                  max_horizon_s=2 * cfg.lookahead_s, refresh_every_s=refresh_every_s,
+                                  retrain_every_s=retrain_every_s)
     if history is not None and len(history):
         source.preload(history)
     capacity = OnlineThroughput(*profile, max_workers=limits.upper)
