@@ -55,7 +55,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for note in trace.report.notes:
         log.warning("trace %s: %s", trace.name, note)
     cfg = SimConfig(slo_s=args.slo_seconds, history_days=args.history_days, days=args.days, seed=args.seed,
-                    rescale_downtime_s=args.downtime_seconds)
+                    rescale_downtime_s=args.downtime_seconds, shard_skew=args.shard_skew,
+                    shard_partitions=args.shard_partitions, shard_assignment=args.shard_assignment)
     result = simulate(trace, args.policies, cfg, forecaster=args.forecaster, progress=not args.no_progress)
     doc = result.to_dict()
     print(f"trace {trace.name}: {doc['evaluation']['days']:.1f} days evaluated after {cfg.history_days:g} days of "
@@ -189,6 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--days", type=float, default=None, help="evaluate only this many days after the history")
     sim.add_argument("--seed", type=int, default=0, help="seed of the cluster's throughput noise")
     sim.add_argument("--repair", action="store_true", help="sort rows and interpolate gaps/NaNs instead of failing")
+    sim.add_argument("--shard-skew", type=float, default=None,
+                     help="spread traffic over partitions with Zipf(S) rates (per-worker capacity, per-partition "
+                          "backlog); off by default")
+    sim.add_argument("--shard-partitions", type=int, default=128, help="number of partitions with --shard-skew")
+    sim.add_argument("--shard-assignment", choices=["rebalance", "round_robin"], default="rebalance",
+                     help="how partitions reach workers with --shard-skew")
     sim.add_argument("--json", metavar="OUT", help="write the full results as JSON")
     sim.add_argument("--plot", metavar="OUT.png", help="write traffic/capacity, workers and lag plots")
     sim.add_argument("--no-progress", action="store_true", help="hide the progress bar")

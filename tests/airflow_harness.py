@@ -45,9 +45,10 @@ class AirflowHome:
     def mlflow_uri(self) -> str:
         return f"sqlite:///{self.kale_home / 'mlflow.db'}"
 
-    def run(self, dag_id: str, conf: dict | None = None, extra_env: dict | None = None, timeout=600) -> DagRun:
-        env = self.env | (extra_env or {})
-        proc = subprocess.run([sys.executable, "-c", RUNNER, str(DAGS), dag_id, json.dumps(conf or {})],
+    def run(self, dag_id: str, conf: dict | None = None, extra_env: dict | None = None, timeout=600,
+            dags: Path = DAGS) -> DagRun:
+        env = self.env | {"AIRFLOW__CORE__DAGS_FOLDER": str(dags)} | (extra_env or {})
+        proc = subprocess.run([sys.executable, "-c", RUNNER, str(dags), dag_id, json.dumps(conf or {})],
                               capture_output=True, text=True, env=env, timeout=timeout, cwd=self.path)
         out = proc.stdout + proc.stderr
         line = next((l for l in proc.stdout.splitlines() if l.startswith("KALE_RESULT")), None)

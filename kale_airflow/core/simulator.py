@@ -11,6 +11,7 @@
 - **Metrics.** Accumulated lag ``sum B * tick`` (sample-seconds), mean wait (lag /
   samples), FIFO freshness lag (age of the oldest unprocessed sample) and the share of
   ticks above ``slo_s``, downtime, GPU-hours, rescales; the fluid bound.
+- **Partitions** (optional, ``shard_skew``): see :mod:`kale_airflow.core.shards`.
 - **No peeking.** At tick k a policy sees only metrics of ticks < k. The first
   ``history_days`` of the trace are past history given to forecasting policies; the
   evaluation starts after them. Throughput models start from profiling observations
@@ -32,6 +33,7 @@ from kale_airflow.core.policies import (
     AutopilotPolicy, HPAPolicy, KEDAConfig, KEDAPolicy, Limits, Observation, StaticPolicy, make_online_kale,
 )
 from kale_airflow.core.policies.kale import KaleConfig, KalePolicy, KnownCapacity, OracleForecastSource
+from kale_airflow.core.shards import ShardModel, zipf_shares
 from kale_airflow.core.throughput import ClusterModel
 from kale_airflow.core.traffic import Trace
 
@@ -61,6 +63,9 @@ class SimConfig:
     profile_workers: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     profile_samples: int = 20
     keda_lag_threshold_s: float = 60.0
+    shard_skew: float | None = None
+    shard_partitions: int = 128
+    shard_assignment: str = "rebalance"
 
     def __post_init__(self) -> None:
         if self.tick_s <= 0:
@@ -164,8 +169,11 @@ def fluid_gpu_hours(arrivals: np.ndarray, cfg: SimConfig) -> float:
 
 
 def run_policy(policy, workload: Workload, cfg: SimConfig, noise: np.ndarray, initial_workers: int,
-               progress=None) -> PolicyRun:
-    """Replay the workload through one policy (the protocol's tick loop)."""
+               progress=None, shards=None) -> PolicyRun:
+    """Replay the workload through one policy (the protocol's tick loop).
+
+    ``shards`` (a :class:`~kale_airflow.core.shards.ShardModel`) switches to per-partition
+    backlog with per-worker capacity; freshness is then its estimate."""
     tick = cfg.tick_s
     arrivals = workload.arrivals.tolist()
     noise_l = noise.tolist()
@@ -214,20 +222,24 @@ def run_policy(policy, workload: Workload, cfg: SimConfig, noise: np.ndarray, in
         cap_rate = cap_table[n] * noise_l[k]
         cap = cap_rate * avail
         a = arrivals[k]
-        total = backlog + a
-        proc = total if total < cap else cap
-        backlog = total - proc
+        if shards is not None:
+            proc, backlog, fresh = shards.step(a, cap, n, tick)
+        else:
+            total = backlog + a
+            proc = total if total < cap else cap
+            backlog = total - proc
         cum_a += a
         cum_p += proc
         cum_arr.append(cum_a)
-        if backlog > eps:
-            j = bisect_right(cum_arr, cum_p)
-            prev = cum_arr[j - 1] if j else 0.0
-            aj = arrivals[j]
-            born = t0 + j * tick + ((cum_p - prev) / aj * tick if aj > 0 else 0.0)
-            fresh = now + tick - born
-        else:
-            fresh = 0.0
+        if shards is None:
+            if backlog > eps:
+                j = bisect_right(cum_arr, cum_p)
+                prev = cum_arr[j - 1] if j else 0.0
+                aj = arrivals[j]
+                born = t0 + j * tick + ((cum_p - prev) / aj * tick if aj > 0 else 0.0)
+                fresh = now + tick - born
+            else:
+                fresh = 0.0
         rate = a / tick
         util = proc / cap if cap > 0 else None
         tput = cap_rate if avail > 0 else None
@@ -342,7 +354,10 @@ def simulate(trace: Trace, policies=ALL_POLICIES, cfg: SimConfig | None = None, 
     runs = {}
     for name in policies:
         policy = build_policy(name, cfg, workload, forecaster, forecaster_kwargs, kale_config)
-        runs[name] = run_policy(policy, workload, cfg, noise, initial, bar)
+        shards = None
+        if cfg.shard_skew is not None:
+            shards = ShardModel(zipf_shares(cfg.shard_partitions, cfg.shard_skew, cfg.seed + 2), cfg.shard_assignment)
+        runs[name] = run_policy(policy, workload, cfg, noise, initial, bar, shards)
     if bar is not None:
         bar.close()
     return SimulationResult(trace.name, cfg, workload, runs, fluid_gpu_hours(workload.arrivals, cfg), forecaster,

@@ -4,7 +4,8 @@ Tables: ``traffic(ts, value)`` (samples per step, ``ts`` in epoch seconds) and
 ``throughput(ts, workers, rate)`` (samples/s measured by a worker set). On first use an
 empty store is seeded so the embedded default works out of the box: traffic from the
 bundled NYC taxi trace (its original timestamps), throughput from the simulator's
-profiling run of its reference cluster, until real workers record their own.
+profiling run of its reference cluster, partition rates from a Zipf(0.8) spread over 64
+partitions, until the stream and real workers record their own.
 """
 
 from __future__ import annotations
@@ -16,13 +17,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kale_airflow.core.shards import zipf_shares
 from kale_airflow.core.simulator import SimConfig, profile_observations
 from kale_airflow.core.traffic import BUNDLED_TRACE, load_trace
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS traffic (ts INTEGER PRIMARY KEY, value REAL);
 CREATE TABLE IF NOT EXISTS throughput (ts REAL, workers INTEGER NOT NULL, rate REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS partition_rates (ts REAL NOT NULL, partition TEXT NOT NULL, rate REAL NOT NULL);
 """
+SEED_PARTITIONS, SEED_SKEW = 64, 0.8
 
 
 class MetricsError(RuntimeError):
@@ -56,6 +60,12 @@ class EmbeddedMetrics:
         if not have_tput:
             n, r = profile_observations(SimConfig())
             self.write_throughput(np.zeros(len(n)), n, r)
+        with closing(self._conn()) as c:
+            have_parts = c.execute("SELECT COUNT(*) FROM partition_rates").fetchone()[0]
+        if not have_parts:
+            shares = zipf_shares(SEED_PARTITIONS, SEED_SKEW, seed=0)
+            level = float(SimConfig().cluster.capacity(16))
+            self.write_partition_rates(0.0, {f"p{i:03d}": level * s for i, s in enumerate(shares)})
 
     def write_traffic(self, series: pd.Series) -> int:
         """Insert or replace samples per step (NaN is stored as NULL: a missing value)."""
@@ -71,6 +81,22 @@ class EmbeddedMetrics:
         with closing(self._conn()) as c, c:
             c.executemany("INSERT INTO throughput (ts, workers, rate) VALUES (?, ?, ?)", rows)
         return len(rows)
+
+    def write_partition_rates(self, ts: float, rates: dict[str, float]) -> int:
+        """Record samples/s per partition measured at ``ts``."""
+        with closing(self._conn()) as c, c:
+            c.executemany("INSERT INTO partition_rates (ts, partition, rate) VALUES (?, ?, ?)",
+                          [(float(ts), str(p), float(r)) for p, r in rates.items()])
+        return len(rates)
+
+    def partition_rates(self) -> dict[str, float]:
+        """The latest measured rate of every partition."""
+        with closing(self._conn()) as c:
+            rows = c.execute("SELECT partition, rate FROM partition_rates p WHERE ts = "
+                             "(SELECT MAX(ts) FROM partition_rates q WHERE q.partition = p.partition)").fetchall()
+        if not rows:
+            raise MetricsError(f"no partition rates in {self.path}; the stream or workers must record them")
+        return dict(sorted(rows))
 
     def traffic_history(self, days: float, end: pd.Timestamp | None = None) -> pd.Series:
         """The last ``days`` of traffic up to ``end`` (default: the latest stored point).

@@ -1,0 +1,1 @@
+"""Thin Airflow operators: gather inputs, call core, apply outputs."""

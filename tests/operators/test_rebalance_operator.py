@@ -1,0 +1,60 @@
+"""RebalanceShardsOperator inside a real DAG run (dag.test) and its idempotency."""
+
+import json
+
+import pytest
+
+from kale_airflow.metrics.embedded import EmbeddedMetrics
+from kale_airflow.state import StateStore
+
+pytestmark = pytest.mark.slow
+
+DAG = '''
+from datetime import datetime
+from airflow.sdk import dag
+from kale_airflow.operators.rebalance import RebalanceShardsOperator
+
+@dag(dag_id="rebalance_probe", schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
+     params={"workers": 4, "generation": "g1"})
+def probe():
+    RebalanceShardsOperator(task_id="rebalance", workers="{{ params.workers }}",
+                            generation="{{ params.generation }}")
+
+probe()
+'''
+
+
+@pytest.fixture
+def dag_folder(tmp_path):
+    folder = tmp_path / "dags"
+    folder.mkdir()
+    (folder / "probe.py").write_text(DAG)
+    return folder
+
+
+def test_assigns_each_generation_sticky_and_idempotent(airflow_home, dag_folder):
+    metrics = EmbeddedMetrics(airflow_home.kale_home / "metrics.db", seed=False)
+    metrics.write_partition_rates(1.0, {"a": 900.0, "b": 50.0, "c": 30.0, "d": 20.0})
+    r1 = airflow_home.run("rebalance_probe", {"workers": 4, "generation": "g1"}, dags=dag_folder)
+    assert r1.state == "success", r1.log[-3000:]
+    store = StateStore(airflow_home.kale_home / "state.db")
+    g1 = store.get("default", "g1")
+    assert g1["workers"] == 4 and g1["imbalance"] == pytest.approx(1.0)
+    hot = [w for w, items in g1["assignment"].items() for p, s in items if p == "a"]
+    assert len(hot) >= 3  # the hot partition is sliced
+
+    r2 = airflow_home.run("rebalance_probe", {"workers": 5, "generation": "g2"}, dags=dag_folder)
+    assert r2.state == "success"
+    g2 = store.get("default", "g2")
+    assert g2["moved_fraction"] == pytest.approx(1 / 5, rel=1e-6)
+    assert "from generation g1 (4 workers): moved 20.00% of the rate (minimum 20.00%)" in r2.log
+
+    # Re-running g2 (a retry) changes nothing.
+    r3 = airflow_home.run("rebalance_probe", {"workers": 5, "generation": "g2"}, dags=dag_folder)
+    assert r3.state == "success" and "already assigned" in r3.log
+    assert store.get("default", "g2") == g2
+
+    # The same generation with another worker count is refused with the way out.
+    r4 = airflow_home.run("rebalance_probe", {"workers": 6, "generation": "g2"}, dags=dag_folder)
+    assert r4.state == "failed" and "start a new generation" in r4.log
+    assert json.dumps(store.get("default", "g2")) == json.dumps(g2)
