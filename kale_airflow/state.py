@@ -13,6 +13,7 @@ CREATE TABLE IF NOT EXISTS assignments (
     name TEXT NOT NULL, generation TEXT NOT NULL, workers INTEGER NOT NULL, doc TEXT NOT NULL,
     created REAL NOT NULL, PRIMARY KEY (name, generation)
 );
+CREATE TABLE IF NOT EXISTS control (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 
@@ -43,6 +44,18 @@ class StateStore:
             row = c.execute("SELECT generation, workers, doc FROM assignments WHERE name = ? AND generation != ? "
                             "ORDER BY created DESC LIMIT 1", (name, before or "")).fetchone()
         return None if row is None else (row[0], {"workers": row[1], **json.loads(row[2])})
+
+    def set_current_generation(self, generation: str) -> None:
+        """Name the generation that should be training; workers of others stop."""
+        with closing(self._conn()) as c, c:
+            c.execute("INSERT INTO control (key, value) VALUES ('generation', ?) "
+                      "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (generation,))
+
+    def current_generation(self) -> str | None:
+        """The generation that should be training, if one was named."""
+        with closing(self._conn()) as c:
+            row = c.execute("SELECT value FROM control WHERE key = 'generation'").fetchone()
+        return row[0] if row else None
 
     def put(self, name: str, generation: str, workers: int, doc: dict) -> bool:
         """Write once: returns False (and keeps the first) if the generation already has one."""

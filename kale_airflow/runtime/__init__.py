@@ -1,0 +1,1 @@
+"""Online-training runtime: samples, producer, reference worker, checkpoints, worker backends."""

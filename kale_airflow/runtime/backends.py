@@ -1,0 +1,80 @@
+"""Worker backends: local processes (embedded default) and Kubernetes GPU pods.
+
+Both start one worker per index of a generation with the same command line
+(``python -m kale_airflow.runtime.worker ...``); the backend is configuration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class WorkerSpec:
+    """What every worker of a generation gets."""
+
+    stream_url: str
+    checkpoint_dir: str
+    group: str = "kale"
+    metrics_db: str | None = None
+    control_db: str | None = None
+    batch_size: int = 512
+    extra_args: list[str] = field(default_factory=list)
+
+    def command(self, generation: str, worker_id: int, workers: int, assignment: dict | str) -> list[str]:
+        """Container/process command for one worker."""
+        doc = assignment if isinstance(assignment, str) else json.dumps(assignment)
+        cmd = ["python", "-m", "kale_airflow.runtime.worker", "--stream", self.stream_url, "--group", self.group,
+               "--assignment", doc, "--worker-id", str(worker_id), "--workers-total", str(workers),
+               "--generation", generation, "--checkpoint-dir", self.checkpoint_dir,
+               "--batch-size", str(self.batch_size)]
+        if self.metrics_db:
+            cmd += ["--metrics-db", self.metrics_db]
+        if self.control_db:
+            cmd += ["--control-db", self.control_db]
+        return cmd + self.extra_args
+
+
+class LocalWorkers:
+    """Workers as local processes; ``stop`` sends SIGTERM and waits for the checkpoint."""
+
+    def __init__(self, spec: WorkerSpec, log_dir: str | Path):
+        self.spec = spec
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.procs: dict[int, subprocess.Popen] = {}
+
+    def start(self, generation: str, assignment: dict) -> list[int]:
+        """Start one process per worker of the assignment; returns their pids."""
+        workers = len(assignment.get("assignment", assignment))
+        for w in range(workers):
+            cmd = self.spec.command(generation, w, workers, assignment)
+            cmd[0] = sys.executable
+            out = open(self.log_dir / f"{generation}-worker-{w}.log", "ab")
+            self.procs[w] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
+        return [p.pid for p in self.procs.values()]
+
+    def wait(self, timeout: float | None = None) -> dict[int, int]:
+        """Wait for every worker; returns exit codes."""
+        return {w: p.wait(timeout=timeout) for w, p in self.procs.items()}
+
+    def stop(self, timeout: float = 60.0) -> dict[int, int]:
+        """SIGTERM every worker (they checkpoint and exit 0); SIGKILL after ``timeout``."""
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        codes = {}
+        for w, p in self.procs.items():
+            try:
+                codes[w] = p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                codes[w] = p.wait()
+        self.procs.clear()
+        return codes

@@ -1,0 +1,75 @@
+"""Replay a traffic trace into a stream, time-compressed, spread over skewed partitions."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from kale_airflow.core.shards import zipf_shares
+from kale_airflow.core.traffic import Trace
+from kale_airflow.runtime.samples import generate, pack
+from kale_airflow.stream.base import Stream
+
+
+@dataclass
+class Producer:
+    """Each trace step becomes ``value * scale`` samples, written over ``step / compression``
+    wall seconds, split over partitions by Zipf(``skew``) shares (seeded)."""
+
+    stream: Stream
+    trace: Trace
+    compression: float = 60.0
+    scale: float = 1.0
+    skew: float = 0.8
+    seed: int = 0
+    start_step: int = 0
+
+    def __post_init__(self):
+        if self.compression <= 0 or self.scale <= 0:
+            raise ValueError("compression and scale must be > 0")
+        parts = self.stream.partitions()
+        if not parts:
+            raise ValueError("the stream has no partitions; create them first")
+        self.partitions = parts
+        self.shares = zipf_shares(len(parts), self.skew, self.seed)
+        self._carry = np.zeros(len(parts))
+        self._step = self.start_step
+        self._chunk = 0
+
+    def produce_step(self, now: float | None = None) -> int:
+        """Write one trace step's samples; returns how many."""
+        if self._step >= len(self.trace.series):
+            return 0
+        want = self.trace.values[self._step] * self.scale * self.shares + self._carry
+        counts = np.floor(want).astype(int)
+        self._carry = want - counts  # fractional samples carry over, so totals are exact
+        written = 0
+        for p, c in zip(self.partitions, counts):
+            if c:
+                self._chunk += 1
+                self.stream.append(p, pack(generate(int(c), seed=hash((self.seed, p, self._chunk)) & 0xFFFFFFFF)),
+                                   ts=now)
+                written += int(c)
+        self._step += 1
+        return written
+
+    @property
+    def step_wall_s(self) -> float:
+        """Wall seconds per trace step."""
+        return self.trace.step_s / self.compression
+
+    def run(self, steps: int, sleep: bool = True, progress=None) -> int:
+        """Produce ``steps`` trace steps, pacing them in wall time unless ``sleep`` is False."""
+        total = 0
+        start = time.monotonic()
+        for i in range(steps):
+            total += self.produce_step()
+            if progress is not None:
+                progress.update(1)
+            if sleep:
+                delay = start + (i + 1) * self.step_wall_s - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+        return total

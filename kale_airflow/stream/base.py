@@ -1,0 +1,57 @@
+"""The stream protocol (Kafka semantics: partitions, offsets, consumer-group commits).
+
+A committed offset is the *next* offset to read, as in Kafka. Lag of a group on a
+partition = end offset - committed offset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One sample as stored: partition, offset, append time (epoch s) and payload bytes."""
+
+    partition: int
+    offset: int
+    ts: float
+    payload: bytes
+
+
+class Stream(Protocol):
+    """What workers, the producer and the autoscaler need from a stream."""
+
+    def partitions(self) -> list[int]: ...
+
+    def append(self, partition: int, payloads: list[bytes], ts: float | None = None) -> int: ...
+
+    def read(self, partition: int, offset: int, max_records: int) -> list[Record]: ...
+
+    def commit(self, group: str, offsets: dict[int, int]) -> None: ...
+
+    def committed(self, group: str, partition: int) -> int: ...
+
+    def end_offsets(self) -> dict[int, int]: ...
+
+    def lag(self, group: str) -> dict[int, int]: ...
+
+    def arrivals(self, since_ts: float, until_ts: float | None = None) -> dict[int, int]: ...
+
+
+class StreamError(RuntimeError):
+    """The stream cannot serve the request; the message says what to check."""
+
+
+def open_stream(url: str) -> Stream:
+    """``sqlite:///path/stream.db`` (embedded) or ``kafka://host:port/topic`` (needs the kafka extra)."""
+    if url.startswith("sqlite:///"):
+        from kale_airflow.stream.embedded import EmbeddedStream
+
+        return EmbeddedStream(url[len("sqlite:///"):])
+    if url.startswith("kafka://"):
+        from kale_airflow.stream.kafka import KafkaStream
+
+        return KafkaStream.from_url(url)
+    raise StreamError(f"unknown stream URL {url!r}; use sqlite:///PATH or kafka://HOST:PORT/TOPIC")

@@ -1,0 +1,126 @@
+"""Embedded stream: a partitioned log in one SQLite file (WAL), shared by processes.
+
+Each append is one transaction (``BEGIN IMMEDIATE``: one writer at a time, readers never
+blocked), so a writer killed mid-append leaves either all or none of its batch, and
+committed data survives a crash. Offsets per partition are dense from 0.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+from kale_airflow.stream.base import Record, StreamError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS records (
+    partition INTEGER NOT NULL, offset INTEGER NOT NULL, ts REAL NOT NULL, payload BLOB NOT NULL,
+    PRIMARY KEY (partition, offset)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ends (partition INTEGER PRIMARY KEY, next_offset INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS commits (grp TEXT NOT NULL, partition INTEGER NOT NULL, offset INTEGER NOT NULL,
+    PRIMARY KEY (grp, partition)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS records_ts ON records (ts);
+"""
+
+
+class EmbeddedStream:
+    """SQLite-backed partitioned log with consumer-group commits."""
+
+    name = "embedded"
+
+    def __init__(self, path: str | Path, partitions: int | None = None):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")  # WAL: durable against process crashes
+        self._db.executescript(SCHEMA)
+        if partitions is not None:
+            self.create_partitions(partitions)
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._db.close()
+
+    def create_partitions(self, count: int) -> None:
+        """Ensure partitions 0..count-1 exist (idempotent)."""
+        if count < 1:
+            raise StreamError(f"a stream needs at least 1 partition, got {count}")
+        self._db.executemany("INSERT OR IGNORE INTO ends (partition, next_offset) VALUES (?, 0)",
+                             [(p,) for p in range(count)])
+
+    def partitions(self) -> list[int]:
+        """Partition ids."""
+        return [r[0] for r in self._db.execute("SELECT partition FROM ends ORDER BY partition")]
+
+    def append(self, partition: int, payloads: list[bytes], ts: float | None = None) -> int:
+        """Append payloads to a partition in one transaction; returns the first offset."""
+        ts = time.time() if ts is None else ts
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            row = db.execute("SELECT next_offset FROM ends WHERE partition = ?", (partition,)).fetchone()
+            if row is None:
+                raise StreamError(f"partition {partition} does not exist; create it with create_partitions()")
+            first = row[0]
+            db.executemany("INSERT INTO records (partition, offset, ts, payload) VALUES (?, ?, ?, ?)",
+                           [(partition, first + i, ts, p) for i, p in enumerate(payloads)])
+            db.execute("UPDATE ends SET next_offset = ? WHERE partition = ?", (first + len(payloads), partition))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return first
+
+    def read(self, partition: int, offset: int, max_records: int) -> list[Record]:
+        """Records from ``offset`` on (at most ``max_records``)."""
+        rows = self._db.execute("SELECT offset, ts, payload FROM records WHERE partition = ? AND offset >= ? "
+                                "ORDER BY offset LIMIT ?", (partition, offset, max_records)).fetchall()
+        return [Record(partition, o, t, p) for o, t, p in rows]
+
+    def commit(self, group: str, offsets: dict[int, int]) -> None:
+        """Store the next offsets to read for a group, atomically for all partitions given."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.executemany("INSERT INTO commits (grp, partition, offset) VALUES (?, ?, ?) "
+                           "ON CONFLICT (grp, partition) DO UPDATE SET offset = excluded.offset",
+                           [(group, p, o) for p, o in offsets.items()])
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def committed(self, group: str, partition: int) -> int:
+        """Next offset to read for the group (0 if it never committed)."""
+        row = self._db.execute("SELECT offset FROM commits WHERE grp = ? AND partition = ?",
+                               (group, partition)).fetchone()
+        return row[0] if row else 0
+
+    def end_offsets(self) -> dict[int, int]:
+        """Next offset to be written, per partition."""
+        return dict(self._db.execute("SELECT partition, next_offset FROM ends ORDER BY partition").fetchall())
+
+    def lag(self, group: str) -> dict[int, int]:
+        """Unconsumed records per partition for a group."""
+        commits = dict(self._db.execute("SELECT partition, offset FROM commits WHERE grp = ?", (group,)).fetchall())
+        return {p: end - commits.get(p, 0) for p, end in self.end_offsets().items()}
+
+    def arrivals(self, since_ts: float, until_ts: float | None = None) -> dict[int, int]:
+        """Records appended per partition in [since, until)."""
+        until = time.time() + 1e9 if until_ts is None else until_ts
+        rows = self._db.execute("SELECT partition, COUNT(*) FROM records WHERE ts >= ? AND ts < ? "
+                                "GROUP BY partition", (since_ts, until)).fetchall()
+        counts = {p: 0 for p in self.partitions()}
+        counts.update(dict(rows))
+        return counts
+
+    def oldest_unconsumed_ts(self, group: str) -> dict[int, float | None]:
+        """Append time of the first unconsumed record per partition (freshness lag source)."""
+        out = {}
+        for p in self.partitions():
+            row = self._db.execute("SELECT ts FROM records WHERE partition = ? AND offset = ?",
+                                   (p, self.committed(group, p))).fetchone()
+            out[p] = row[0] if row else None
+        return out
