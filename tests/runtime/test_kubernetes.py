@@ -1,0 +1,61 @@
+"""GPU worker pods through the real KubernetesPodOperator, validated offline (strict schema)."""
+
+import kubernetes_validate
+import pytest
+
+from kale_airflow.runtime.backends import WorkerSpec
+from kale_airflow.runtime.kubernetes import (
+    CHECKPOINT_MOUNT, KubernetesWorkerConfig, label_value, pod_manifest, worker_pod_operator,
+)
+
+SPEC = WorkerSpec(stream_url="kafka://kafka.kale:9092/samples", checkpoint_dir=CHECKPOINT_MOUNT)
+ASSIGNMENT = {"assignment": {"0": [["0", 1.0], ["1", 0.5]], "1": [["1", 0.5]]}}
+RUN_ID = "manual__2026-11-29T10:00:00.123456+00:00"
+
+
+def manifest(cfg=KubernetesWorkerConfig(), worker=0):
+    return pod_manifest(worker_pod_operator(cfg, SPEC, RUN_ID, worker, 2, ASSIGNMENT))
+
+
+@pytest.mark.parametrize("version", ["1.25.0", "1.30.0", "1.37.0"])
+def test_pod_validates_strictly_against_the_kubernetes_schema(version):
+    kubernetes_validate.validate(manifest(), version, strict=True)
+
+
+def test_pod_requests_gpus_on_gpu_nodes_as_non_root_with_checkpoints():
+    m = manifest(KubernetesWorkerConfig(gpus_per_worker=2, namespace="ml"))
+    spec, c = m["spec"], m["spec"]["containers"][0]
+    assert m["metadata"]["namespace"] == "ml"
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert c["resources"]["requests"] == {"cpu": "4", "memory": "16Gi"}
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "kale-checkpoints"}} in spec["volumes"]
+    assert {"mountPath": "/checkpoints", "name": "checkpoints"} in c["volumeMounts"]
+    assert spec["terminationGracePeriodSeconds"] == 120
+
+
+def test_cpu_only_pods_have_no_gpu_limit():
+    c = manifest(KubernetesWorkerConfig(gpus_per_worker=0))["spec"]["containers"][0]
+    assert "nvidia.com/gpu" not in c["resources"]["limits"]
+
+
+def test_pod_runs_the_same_command_as_a_local_worker():
+    c = manifest(worker=1)["spec"]["containers"][0]
+    assert [*c["command"], *c["args"]] == SPEC.command(RUN_ID, 1, 2, ASSIGNMENT)
+    assert "--worker-id" in c["args"] and c["args"][c["args"].index("--worker-id") + 1] == "1"
+
+
+def test_labels_are_valid_and_unique_for_run_ids():
+    labels = manifest()["metadata"]["labels"]
+    value = labels["kale-airflow/generation"]
+    assert len(value) <= 63 and value == label_value(RUN_ID)
+    assert label_value(RUN_ID) != label_value(RUN_ID.replace("123456", "123457"))
+    assert label_value("g1") == "g1"
+
+
+def test_root_user_is_refused():
+    with pytest.raises(ValueError, match="non-root"):
+        KubernetesWorkerConfig(run_as_user=0)
