@@ -53,11 +53,14 @@ class LocalWorkers:
     def start(self, generation: str, assignment: dict) -> list[int]:
         """Start one process per worker of the assignment; returns their pids."""
         workers = len(assignment.get("assignment", assignment))
+        # Local workers share this machine's cores: split them instead of oversubscribing.
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        env = os.environ | {"KALE_WORKER_THREADS": os.environ.get("KALE_WORKER_THREADS", str(threads))}
         for w in range(workers):
             cmd = self.spec.command(generation, w, workers, assignment)
             cmd[0] = sys.executable
             out = open(self.log_dir / f"{generation}-worker-{w}.log", "ab")
-            self.procs[w] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
+            self.procs[w] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         return [p.pid for p in self.procs.values()]
 
     def wait(self, timeout: float | None = None) -> dict[int, int]:

@@ -12,7 +12,8 @@
   steps and when it stops; on start it restores the newest checkpoint in the folder;
 - stops (checkpoint, exit 0) on SIGTERM or when the control store names a newer
   generation;
-- records its samples/s while training (busy time only) to the metrics store;
+- records its samples/s (wall time, reads and commits included) to the metrics store,
+  for report windows in which it never ran out of data;
 - skips and counts malformed samples.
 """
 
@@ -185,7 +186,6 @@ class Worker:
             loss.backward()
             self.optim.step()
             self.last_loss = loss.item()
-        busy = time.perf_counter() - t0
         if self.audit is not None:
             with self.audit.open("a") as fh:
                 for s, a, b in audit:
@@ -197,17 +197,24 @@ class Worker:
             self.positions[s] = o
         self.steps += 1
         self.trained += n
-        self._busy = getattr(self, "_busy", 0.0) + busy
-        self._busy_samples = getattr(self, "_busy_samples", 0) + n
+        if self._window_start is None:
+            self._window_start = t0
+        self._window_samples += n
         return n
 
-    def _report(self) -> None:
-        if self.metrics is None or getattr(self, "_busy", 0.0) <= 0 or self._busy_samples < self.batch_size:
+    _window_start: float | None = None
+    _window_samples: int = 0
+
+    def _report(self, starved: bool) -> None:
+        """Record samples/s over the last window (read, train and commit included), but only
+        for windows where data never ran out: a starved worker measures traffic, not capacity."""
+        start, n = self._window_start, self._window_samples
+        self._window_start, self._window_samples = None, 0
+        if self.metrics is None or starved or start is None or n < self.batch_size:
             return
-        rate = self._busy_samples / self._busy
+        rate = n / (time.perf_counter() - start)
         # Cluster throughput estimate: replicas are symmetric, so n workers ~ n times one.
         self.metrics.write_throughput([time.time()], [self.workers_total], [rate * self.workers_total])
-        self._busy, self._busy_samples = 0.0, 0
 
     def superseded(self) -> bool:
         """True when the control store names another generation as current."""
@@ -220,8 +227,11 @@ class Worker:
             exit_when_idle: bool = False) -> dict:
         """Train until stopped (SIGTERM, superseded, ``max_steps``, or idle when asked)."""
         last_report = time.monotonic()
+        starved = False
         while not self.stop_requested:
             n = self.step()
+            if n == 0:
+                starved = True
             if n == 0:
                 if exit_when_idle:
                     break
@@ -229,14 +239,14 @@ class Worker:
             if self.steps and self.steps % self.checkpoint_every == 0 and n:
                 self.checkpoint()
             if time.monotonic() - last_report >= report_every_s:
-                self._report()
+                self._report(starved)
+                starved = False
                 last_report = time.monotonic()
                 if self.superseded():
                     log.info("generation %s superseded: stopping", self.generation)
                     break
             if max_steps is not None and self.steps >= max_steps:
                 break
-        self._report()
         path = self.checkpoint()
         summary = {"steps": self.steps, "trained": self.trained, "malformed": self.malformed,
                    "checkpoint": str(path), "restored_from": self.restored_from}
@@ -260,6 +270,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--metrics-db", help="embedded metrics store to record throughput into")
     ap.add_argument("--control-db", help="state store naming the current generation")
     ap.add_argument("--audit", help="append trained offset ranges here (tests, audits)")
+    ap.add_argument("--report-every", type=float, default=5.0, help="seconds between throughput records")
     ap.add_argument("--max-steps", type=int)
     ap.add_argument("--exit-when-idle", action="store_true", help="stop when no data is left (batch jobs, tests)")
     return ap
@@ -269,6 +280,10 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; exits 0 after a clean stop."""
     args = build_arg_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(message)s")
+    if os.environ.get("KALE_WORKER_THREADS"):
+        import torch
+
+        torch.set_num_threads(int(os.environ["KALE_WORKER_THREADS"]))
     from kale_airflow.stream import open_stream
 
     text = args.assignment
@@ -296,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_term)
     log.info("worker %d of %d, generation %s, %d slice(s), restored from %s", args.worker_id, total,
              args.generation, len(slices), worker.restored_from)
-    worker.run(max_steps=args.max_steps, exit_when_idle=args.exit_when_idle)
+    worker.run(max_steps=args.max_steps, exit_when_idle=args.exit_when_idle, report_every_s=args.report_every)
     return 0
 
 
