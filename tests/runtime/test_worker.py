@@ -105,6 +105,7 @@ def test_sigterm_checkpoints_and_exits_zero_then_restart_resumes(tmp_path):
     assert "finishing the current step, then checkpointing" in log
     done = s.committed("kale/p0:0.000000-1.000000", 0)
     assert 0 < done
+    s.append(0, pack(generate(5000, 99)))  # new traffic while the worker was down
     workers.start("g1", assignment)
     time.sleep(3.0)
     workers.stop()
