@@ -18,6 +18,16 @@ def _blocks(x: np.ndarray, n: int, how: str) -> np.ndarray:
     return b.max(axis=1) if how == "max" else b.mean(axis=1)
 
 
+def _save(fig, path: str | Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_simulation(result, path: str | Path, points: int = 3000) -> Path:
     """Traffic vs capacity, workers and freshness lag over time, one line per policy."""
     import matplotlib
@@ -50,11 +60,7 @@ def plot_simulation(result, path: str | Path, points: int = 3000) -> Path:
     ax.set_ylabel("freshness lag (s)")
     ax.set_xlabel("days since evaluation start")
     ax.legend(fontsize=8, loc="upper left")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_backtest(result, path: str | Path, title: str = "") -> Path:
@@ -78,8 +84,4 @@ def plot_backtest(result, path: str | Path, title: str = "") -> Path:
     ax.set_title(title or f"{m['forecaster']}: {m['horizon_s'] / 3600:g} h ahead, MASE {m['mase']:.3f}, "
                           f"coverage {m['coverage']:.2f}")
     ax.legend(fontsize=8, loc="upper left")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)

@@ -103,38 +103,36 @@ def test_policies_see_metrics_of_the_past_tick_only():
     assert rates == [None, 100.0, 200.0, 300.0]
 
 
-def test_no_policy_sees_the_future(trace):
-    """Changing arrivals after tick K changes no decision before K, for every policy.
-
-    Static (sized for the window's peak) and the oracle (reads the true future) are
-    excluded by definition: they are references, not online policies."""
+def runs_with_changed_future(trace, name):
+    """(run on the trace, run with arrivals tripled from the middle on, index of the change)."""
     w1 = build_workload(trace, CFG)
     k = len(w1.arrivals) // 2
     w2 = build_workload(trace, CFG)
     w2.arrivals = w1.arrivals.copy()
     w2.arrivals[k:] *= 3.0
     noise = np.ones(len(w1.arrivals))
-    for name in ("kale", "hpa", "keda", "autopilot"):
-        r1 = run_policy(build_policy(name, CFG, w1), w1, CFG, noise, 8)
-        r2 = run_policy(build_policy(name, CFG, w2), w2, CFG, noise, 8)
-        cut = w1.start_s + k * CFG.tick_s
-        before = lambda r: [e for e in r.rescale_events if e["t"] < cut]  # noqa: E731
-        assert before(r1) == before(r2), name
-        np.testing.assert_array_equal(r1.workers[:k], r2.workers[:k])
-        assert r1.rescale_events != r2.rescale_events or name == "static", f"{name} ignored the change"
+    r1 = run_policy(build_policy(name, CFG, w1), w1, CFG, noise, 8)
+    r2 = run_policy(build_policy(name, CFG, w2), w2, CFG, noise, 8)
+    cut = w1.start_s + k * CFG.tick_s
+    before = [[e for e in r.rescale_events if e["t"] < cut] for r in (r1, r2)]
+    return r1, r2, k, before
+
+
+@pytest.mark.parametrize("name", ["kale", "hpa", "keda", "autopilot"])
+def test_no_policy_sees_the_future(trace, name):
+    """Changing arrivals after tick K changes no decision before K, for every online policy.
+
+    Static (sized for the window's peak) and the oracle (reads the true future) are
+    references, not online policies."""
+    r1, r2, k, before = runs_with_changed_future(trace, name)
+    assert before[0] == before[1]
+    np.testing.assert_array_equal(r1.workers[:k], r2.workers[:k])
+    assert r1.rescale_events != r2.rescale_events, f"{name} ignored the change"
 
 
 def test_the_oracle_does_see_the_future(trace):
-    w1 = build_workload(trace, CFG)
-    k = len(w1.arrivals) // 2
-    w2 = build_workload(trace, CFG)
-    w2.arrivals = w1.arrivals.copy()
-    w2.arrivals[k:] *= 3.0
-    noise = np.ones(len(w1.arrivals))
-    r1 = run_policy(build_policy("oracle", CFG, w1), w1, CFG, noise, 8)
-    r2 = run_policy(build_policy("oracle", CFG, w2), w2, CFG, noise, 8)
-    cut = w1.start_s + k * CFG.tick_s
-    assert [e for e in r1.rescale_events if e["t"] < cut] != [e for e in r2.rescale_events if e["t"] < cut]
+    *_, before = runs_with_changed_future(trace, "oracle")
+    assert before[0] != before[1]
 
 
 def test_fluid_bound_is_a_lower_bound(trace):
