@@ -14,6 +14,8 @@ CREATE TABLE IF NOT EXISTS assignments (
     created REAL NOT NULL, PRIMARY KEY (name, generation)
 );
 CREATE TABLE IF NOT EXISTS control (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS decisions (ts REAL NOT NULL, workers INTEGER, target INTEGER NOT NULL,
+    reason TEXT NOT NULL, message TEXT NOT NULL, details TEXT NOT NULL);
 """
 
 
@@ -45,11 +47,55 @@ class StateStore:
                             "ORDER BY created DESC LIMIT 1", (name, before or "")).fetchone()
         return None if row is None else (row[0], {"workers": row[1], **json.loads(row[2])})
 
-    def set_current_generation(self, generation: str) -> None:
-        """Name the generation that should be training; workers of others stop."""
+    def set_current_generation(self, generation: str, workers: int | None = None) -> None:
+        """Name the generation that should be training (and its size); workers of others stop."""
         with closing(self._conn()) as c, c:
             c.execute("INSERT INTO control (key, value) VALUES ('generation', ?) "
                       "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (generation,))
+            c.execute("INSERT INTO control (key, value) VALUES ('generation_meta', ?) ON CONFLICT (key) DO UPDATE "
+                      "SET value = excluded.value", (json.dumps({"workers": workers, "since": time.time()}),))
+
+    def set_value(self, key: str, value: dict) -> None:
+        """Store a JSON value under a key (autoscaler state, applied decisions)."""
+        with closing(self._conn()) as c, c:
+            c.execute("INSERT INTO control (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET "
+                      "value = excluded.value", (key, json.dumps(value)))
+
+    def get_value(self, key: str) -> dict | None:
+        """Inverse of :meth:`set_value`."""
+        with closing(self._conn()) as c:
+            row = c.execute("SELECT value FROM control WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def record_decision(self, ts: float, workers: int | None, decision: dict) -> None:
+        """Append a decision (holds included) with its reason, for logs and the UI."""
+        details = {k: v for k, v in decision.items() if k not in ("workers", "reason", "message")}
+        with closing(self._conn()) as c, c:
+            c.execute("INSERT INTO decisions (ts, workers, target, reason, message, details) VALUES (?, ?, ?, ?, ?, ?)",
+                      (ts, workers, decision["workers"], decision["reason"], decision["message"], json.dumps(details)))
+
+    def decisions(self, limit: int = 1000) -> list[dict]:
+        """The most recent decisions, oldest first."""
+        with closing(self._conn()) as c:
+            rows = c.execute("SELECT ts, workers, target, reason, message, details FROM decisions "
+                             "ORDER BY ts DESC LIMIT ?", (limit,)).fetchall()
+        return [{"ts": t, "workers": w, "target": g, "reason": r, "message": m, **json.loads(d)}
+                for t, w, g, r, m, d in reversed(rows)]
+
+    def current(self, name: str = "default") -> dict | None:
+        """The running generation: id, workers, assignment and when it was assigned."""
+        gen = self.current_generation()
+        if gen is None:
+            return None
+        with closing(self._conn()) as c:
+            row = c.execute("SELECT workers, doc, created FROM assignments WHERE name = ? AND generation = ?",
+                            (name, gen)).fetchone()
+        if row is None:  # decided, not yet rebalanced
+            meta = self.get_value("generation_meta") or {}
+            return {"generation": gen, "workers": meta.get("workers"), "assignment": None,
+                    "created": meta.get("since")}
+        return {"generation": gen, "workers": row[0], "assignment": json.loads(row[1])["assignment"],
+                "created": row[2]}
 
     def current_generation(self) -> str | None:
         """The generation that should be training, if one was named."""

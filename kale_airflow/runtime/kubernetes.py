@@ -53,25 +53,16 @@ class KubernetesWorkerConfig:
             raise ValueError("run_as_user 0 is root; workers run as a non-root user")
 
 
-def worker_pod_operator(cfg: KubernetesWorkerConfig, spec: WorkerSpec, generation: str, worker_id: int,
-                        workers: int, assignment: dict, **operator_kwargs):
-    """The KubernetesPodOperator for one worker of a generation."""
-    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+def pod_kwargs(cfg: KubernetesWorkerConfig) -> dict:
+    """KubernetesPodOperator arguments shared by every worker pod."""
     from kubernetes.client import models as k8s
 
-    cmd = spec.command(generation, worker_id, workers, assignment)
     limits = {"memory": cfg.memory_limit}
     if cfg.gpus_per_worker:
         limits["nvidia.com/gpu"] = str(cfg.gpus_per_worker)
-    return KubernetesPodOperator(
-        task_id=operator_kwargs.pop("task_id", f"worker_{worker_id}"),
-        name=f"kale-worker-{worker_id}",
+    return dict(
         namespace=cfg.namespace,
         image=cfg.image,
-        cmds=cmd[:1],
-        arguments=cmd[1:],
-        labels={"app.kubernetes.io/name": "kale-worker", "app.kubernetes.io/part-of": "kale-airflow",
-                "kale-airflow/generation": label_value(generation), "kale-airflow/worker": str(worker_id)},
         container_resources=k8s.V1ResourceRequirements(
             requests={"cpu": cfg.cpu_request, "memory": cfg.memory_request}, limits=limits),
         node_selector=dict(cfg.node_selector),
@@ -93,6 +84,23 @@ def worker_pod_operator(cfg: KubernetesWorkerConfig, spec: WorkerSpec, generatio
         on_finish_action="delete_pod",
         reattach_on_restart=True,
         get_logs=True,
+    )
+
+
+def worker_pod_operator(cfg: KubernetesWorkerConfig, spec: WorkerSpec, generation: str, worker_id: int,
+                        workers: int, assignment: dict, **operator_kwargs):
+    """The KubernetesPodOperator for one worker of a generation."""
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+    cmd = spec.command(generation, worker_id, workers, assignment)
+    return KubernetesPodOperator(
+        task_id=operator_kwargs.pop("task_id", f"worker_{worker_id}"),
+        name=f"kale-worker-{worker_id}",
+        cmds=cmd[:1],
+        arguments=cmd[1:],
+        labels={"app.kubernetes.io/name": "kale-worker", "app.kubernetes.io/part-of": "kale-airflow",
+                "kale-airflow/generation": label_value(generation), "kale-airflow/worker": str(worker_id)},
+        **pod_kwargs(cfg),
         **operator_kwargs,
     )
 

@@ -34,6 +34,7 @@ import numpy as np
 
 log = logging.getLogger("kale.worker")
 PHI = (math.sqrt(5) - 1) / 2
+_signalled: list[int] = []  # set by the signal handler, which is installed before torch loads
 
 
 @dataclass(frozen=True)
@@ -228,7 +229,7 @@ class Worker:
         """Train until stopped (SIGTERM, superseded, ``max_steps``, or idle when asked)."""
         last_report = time.monotonic()
         starved = False
-        while not self.stop_requested:
+        while not (self.stop_requested or _signalled):
             n = self.step()
             if n == 0:
                 starved = True
@@ -280,6 +281,14 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; exits 0 after a clean stop."""
     args = build_arg_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(message)s")
+
+    def on_term(signum, frame):
+        log.info("signal %d: finishing the current step, then checkpointing", signum)
+        _signalled.append(signum)
+
+    # First thing: a SIGTERM that arrives while torch is still importing must not kill us.
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
     if os.environ.get("KALE_WORKER_THREADS"):
         import torch
 
@@ -302,13 +311,6 @@ def main(argv: list[str] | None = None) -> int:
     worker = Worker(open_stream(args.stream), args.group, slices, args.checkpoint_dir, args.worker_id,
                     args.generation, total, args.batch_size, checkpoint_every=args.checkpoint_every,
                     metrics=metrics, control=control, audit=args.audit)
-
-    def on_term(signum, frame):
-        log.info("signal %d: finishing the current step, then checkpointing", signum)
-        worker.stop_requested = True
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
     log.info("worker %d of %d, generation %s, %d slice(s), restored from %s", args.worker_id, total,
              args.generation, len(slices), worker.restored_from)
     worker.run(max_steps=args.max_steps, exit_when_idle=args.exit_when_idle, report_every_s=args.report_every)

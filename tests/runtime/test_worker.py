@@ -85,6 +85,15 @@ def test_superseded_generation_stops_with_a_checkpoint(stream, tmp_path):
     assert out["steps"] == 1 and os.path.exists(out["checkpoint"])
 
 
+def wait_for_log(path, text, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if path.exists() and text in path.read_text():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} never appeared in {path}")
+
+
 def spec(tmp_path, stream_path, *extra):
     return WorkerSpec(stream_url=f"sqlite:///{stream_path}", checkpoint_dir=str(tmp_path / "ck"),
                       batch_size=200, extra_args=list(extra))
@@ -99,7 +108,8 @@ def test_sigterm_checkpoints_and_exits_zero_then_restart_resumes(tmp_path):
     workers = LocalWorkers(spec(tmp_path, path, "--checkpoint-every", "1000000"), tmp_path / "logs")
     assignment = {"assignment": {"0": [["0", 1.0]]}}
     workers.start("g1", assignment)
-    time.sleep(4.0)
+    wait_for_log(tmp_path / "logs" / "g1-worker-0.log", "restored from")
+    time.sleep(1.0)
     assert workers.stop() == {0: 0}
     log = (tmp_path / "logs" / "g1-worker-0.log").read_text()
     assert "finishing the current step, then checkpointing" in log

@@ -119,6 +119,14 @@ class WindowMax:
         """Forget everything (after a rescale)."""
         self._q.clear()
 
+    def state_dict(self) -> list:
+        """JSON-friendly state."""
+        return [list(x) for x in self._q]
+
+    def load_state_dict(self, state: list) -> None:
+        """Inverse of :meth:`state_dict`."""
+        self._q = deque((float(t), int(v)) for t, v in state)
+
     def push(self, t: float, value: int) -> int:
         """Add a value at time t; return the max within (t - window, t]."""
         q = self._q
@@ -149,7 +157,8 @@ class OnlineForecastSource:
 
     def __init__(self, forecaster: Forecaster, *, bin_s: float = 300.0, quantile: float = 0.9,
                  history_s: float = 21 * 86400.0, max_horizon_s: float = 7200.0,
-                 refresh_every_s: float | None = None, retrain_every_s: float | None = None):
+                 refresh_every_s: float | None = None, retrain_every_s: float | None = None,
+                 pretrained: bool = False):
         if quantile not in forecaster.quantiles:
             raise ValueError(f"forecaster {forecaster.name} has no {quantile} quantile; it offers {forecaster.quantiles}")
         self.forecaster = forecaster
@@ -160,6 +169,8 @@ class OnlineForecastSource:
         self._retrain_bins = None if retrain_every_s is None else max(1, int(round(retrain_every_s / bin_s)))
         self._horizon = int(math.ceil(max_horizon_s / bin_s)) + self._refresh_bins
         self._trained_at: int | None = None  # bin index of the last full training
+        # A registered champion is already trained: only forecast with it, never refit.
+        self._pretrained = pretrained and hasattr(forecaster, "forecast")
         self._buf = np.zeros(2 * self._keep)  # ring of completed bin means, compacted when full
         self._len = 0
         self._last_bin: int | None = None  # index of the last completed bin
@@ -168,6 +179,22 @@ class OnlineForecastSource:
         self._upper_from = 0  # bin index of _upper[0]
         self._error = "no forecast yet"
         self._cache: dict = {}
+
+    def state_dict(self) -> dict:
+        """Bins and the bin in progress (the forecast itself is recomputed on load)."""
+        return {"bins": self.bins.tolist(), "last_bin": self._last_bin, "acc": self._acc, "acc_n": self._acc_n,
+                "acc_bin": self._acc_bin}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Inverse of :meth:`state_dict`; refits the forecast from the restored bins."""
+        bins = state.get("bins", [])
+        self._len = 0
+        for v in bins[-self._keep:]:
+            self._append(float(v))
+        self._last_bin = state.get("last_bin")
+        self._acc, self._acc_n, self._acc_bin = state.get("acc", 0.0), state.get("acc_n", 0), state.get("acc_bin")
+        if self._len:
+            self._refit()
 
     @property
     def bins(self) -> np.ndarray:
@@ -212,7 +239,7 @@ class OnlineForecastSource:
                 series = pd.Series(bins.copy(), index=idx)
                 due = (self._trained_at is None or self._retrain_bins is None
                        or self._last_bin - self._trained_at >= self._retrain_bins)
-                if due or not hasattr(f, "forecast"):
+                if (due or not hasattr(f, "forecast")) and not self._pretrained:
                     f.fit(series)
                     self._trained_at = self._last_bin
                     frame = f.predict(self._horizon)
@@ -370,6 +397,23 @@ class KalePolicy:
         self._count_since: float | None = None
         self._up_since: float | None = None
 
+    def state_dict(self) -> dict:
+        """Stabilization state (and the forecast source's, when it has one), JSON-friendly,
+        so a policy can be rebuilt between sensor pokes and DAG runs."""
+        state = {"levels": self._levels.state_dict(), "count": self._count, "count_since": self._count_since,
+                 "up_since": self._up_since}
+        if hasattr(self.forecast, "state_dict"):
+            state["forecast"] = self.forecast.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Inverse of :meth:`state_dict`."""
+        self._levels.load_state_dict(state.get("levels", []))
+        self._count, self._count_since, self._up_since = state.get("count"), state.get("count_since"), \
+            state.get("up_since")
+        if "forecast" in state and hasattr(self.forecast, "load_state_dict"):
+            self.forecast.load_state_dict(state["forecast"])
+
     def _workers_for(self, rate: float) -> int:
         table = self.capacity.table
         if table is None:
@@ -404,8 +448,8 @@ class KalePolicy:
             need = self.limits.clamp(self._workers_for(required_rate(up1, recent, cfg) + extra))
             level = max(level, need)
 
-        if self._count != current:
-            self._count, self._count_since = current, now
+        if self._count != current:  # a rescale happened: stabilization starts over
+            self._count, self._count_since, self._up_since = current, now, None
             self._levels.reset()
         target = self._levels.push(now, level)
         self._up_since = (self._up_since if self._up_since is not None else now) if need > current else None

@@ -1,0 +1,88 @@
+"""Autoscaler benchmark (issue 6): latency of one sensor poke with warm models.
+
+Sets up a throwaway KALE_HOME: champion forecaster (seasonal, trained on the bundled
+trace) and throughput model in a SQLite MLflow registry, an embedded stream with live
+traffic on 8 partitions, a running generation of 4 workers; then times ``poke()``
+(observe stream and metrics, decide, record, persist state) with ``now`` advancing 15 s
+per poke, so forecast refreshes at bin boundaries are included.
+
+    .venv/bin/python benchmarks/autoscaler.py [--pokes 400] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pokes", type=int, default=400)
+    ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "autoscaler.json"))
+    args = ap.parse_args()
+    logging.disable(logging.WARNING)
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["KALE_HOME"] = tmp
+        os.environ.pop("KALE_MLFLOW_URI", None)
+        import mlflow
+
+        from kale_airflow.config import settings
+        from kale_airflow.core.rebalance import assign
+        from kale_airflow.deployment import load_deployment
+        from kale_airflow.hooks.autoscaler import Autoscaler
+        from kale_airflow.registry import workflows
+        from kale_airflow.registry.mlflow_registry import (
+            CHAMPION, FORECASTER_MODEL, THROUGHPUT_MODEL, mlflow_at,
+        )
+        from kale_airflow.runtime.samples import generate, pack
+        from kale_airflow.state import StateStore
+        from kale_airflow.stream.embedded import EmbeddedStream
+
+        cfg = settings()
+        ex = workflows.extract_traffic(cfg, "bench", 7)
+        summary = workflows.train_and_backtest(cfg, "bench", ex["path"], "seasonal", 60, 1)
+        fv = workflows.register_forecaster(cfg, "bench", summary)["version"]
+        tv = workflows.register_throughput(cfg, "bench", workflows.refit_throughput(cfg, "bench"))["version"]
+        with mlflow_at(cfg.mlflow_uri) as client:
+            client.set_registered_model_alias(FORECASTER_MODEL, CHAMPION, fv)
+            client.set_registered_model_alias(THROUGHPUT_MODEL, CHAMPION, tv)
+        del mlflow
+        stream = EmbeddedStream(cfg.home / "stream.db", partitions=8)
+        now = time.time()
+        payload = pack(generate(100, 0))
+        for k in range(600):  # 10 minutes of history at ~800 samples/s
+            for p in range(8):
+                stream.append(p, payload, ts=now - 600 + k)
+        store = StateStore(cfg.home / "state.db")
+        doc = assign({str(p): 1.0 for p in range(8)}, 4).to_dict()
+        store.put("default", "g1", 4, doc)
+        store.set_current_generation("g1", 4)
+        auto = Autoscaler(cfg, load_deployment(cfg))
+        auto.poke(now)  # warm: models loaded, state created
+        lat = []
+        for i in range(args.pokes):
+            t0 = time.perf_counter()
+            auto.poke(now + 15 * (i + 1))
+            lat.append((time.perf_counter() - t0) * 1e3)
+    res = {"pokes": args.pokes, "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
+           "max_ms": float(np.max(lat)), "pass": float(np.percentile(lat, 50)) <= 50}
+    print(f"one sensor poke with warm models: p50 {res['p50_ms']:.1f} ms, p99 {res['p99_ms']:.1f} ms, max "
+          f"{res['max_ms']:.1f} ms over {args.pokes} pokes (target <= 50 ms)")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(res, indent=2))
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

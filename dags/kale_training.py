@@ -1,0 +1,103 @@
+"""One DAG run per generation of training workers: rebalance shards, then start the workers."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from airflow.sdk import Param, dag, get_current_context, task
+
+from kale_airflow.operators.rebalance import RebalanceShardsOperator
+
+DOC = """
+### Kale training generation
+
+Triggered by `kale_autoscaler` with `{workers, generation}` (or by hand).
+
+1. **rebalance** (`RebalanceShardsOperator`): assigns stream partitions to the workers,
+   balanced and sticky (hot partitions sliced); idempotent per generation.
+2. **backend**: the configured `worker_backend` picks the path; the DAG is the same.
+   - `local` (embedded default): **start_local_workers** launches one worker process per
+     index; they train until a newer generation supersedes them.
+   - `kubernetes`: **worker_pods**, one mapped `KubernetesPodOperator` GPU pod per worker
+     (GPU limit, node selector, tolerations, checkpoint PVC, non-root); a pod ends when its
+     worker sees a newer generation, checkpoints and exits 0.
+"""
+
+
+@dag(
+    dag_id="kale_training",
+    schedule=None,
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    tags=["kale"],
+    doc_md=DOC,
+    params={"workers": Param(1, type=["integer", "string"], description="worker count of this generation"),
+            "generation": Param("manual", type="string", description="generation id (unique per run)")},
+)
+def kale_training():
+    rebalance = RebalanceShardsOperator(task_id="rebalance", workers="{{ params.workers }}",
+                                        generation="{{ params.generation }}")
+
+    @task.branch(doc_md="Pick the worker backend from the deployment configuration.")
+    def backend() -> str:
+        from kale_airflow.config import settings
+        from kale_airflow.deployment import load_deployment
+
+        return "start_local_workers" if load_deployment(settings()).worker_backend == "local" else "worker_args"
+
+    @task(doc_md="Start local worker processes (embedded default); they outlive this task.")
+    def start_local_workers(summary: dict) -> list[int]:
+        from kale_airflow.config import settings
+        from kale_airflow.deployment import load_deployment
+        from kale_airflow.runtime.backends import LocalWorkers, WorkerSpec
+        from kale_airflow.state import StateStore
+
+        cfg = settings()
+        dep = load_deployment(cfg)
+        doc = StateStore(cfg.home / "state.db").get("default", summary["generation"])
+        spec = WorkerSpec(dep.stream_url, str(cfg.home / "checkpoints"), dep.group, str(cfg.metrics_db),
+                          str(cfg.home / "state.db"), dep.worker_batch_size)
+        return LocalWorkers(spec, cfg.home / "worker-logs").start(summary["generation"], doc)
+
+    @task(doc_md="Worker command lines for the pods, one per worker.")
+    def worker_args(summary: dict) -> list[list[str]]:
+        from kale_airflow.config import settings
+        from kale_airflow.deployment import load_deployment
+        from kale_airflow.runtime.backends import WorkerSpec
+        from kale_airflow.runtime.kubernetes import CHECKPOINT_MOUNT
+        from kale_airflow.state import StateStore
+
+        cfg = settings()
+        dep = load_deployment(cfg)
+        doc = StateStore(cfg.home / "state.db").get("default", summary["generation"])
+        spec = WorkerSpec(dep.stream_url, CHECKPOINT_MOUNT, dep.group, batch_size=dep.worker_batch_size)
+        n = summary["workers"]
+        return [spec.command(summary["generation"], w, n, {"assignment": doc["assignment"]})[1:] for w in range(n)]
+
+    summary = rebalance.output
+    choice = backend()
+    local = start_local_workers(summary)
+    args = worker_args(summary)
+    rebalance >> choice >> [local, args]
+    _worker_pods(args)
+
+
+def _worker_pods(args):
+    """Mapped GPU pods; built only when the provider is importable (always, in this package)."""
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+    from kale_airflow.config import settings
+    from kale_airflow.deployment import ConfigError, load_deployment
+    from kale_airflow.runtime.kubernetes import KubernetesWorkerConfig, pod_kwargs
+
+    try:
+        dep = load_deployment(settings())
+        kcfg = dep.kubernetes_config
+    except ConfigError:
+        kcfg = KubernetesWorkerConfig()  # the branch fails loudly at run time; parsing must not
+    KubernetesPodOperator.partial(task_id="worker_pods", name="kale-worker", cmds=["python"],
+                                  labels={"app.kubernetes.io/name": "kale-worker"},
+                                  **pod_kwargs(kcfg)).expand(arguments=args)
+
+
+kale_training()

@@ -1,0 +1,1 @@
+"""I/O at the edges: gather observations, load models, persist state."""

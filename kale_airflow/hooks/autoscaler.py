@@ -1,0 +1,140 @@
+"""The autoscaler's I/O around the pure Kale policy.
+
+Each ``poke(now)`` observes the stream and metrics, makes sure the champion models are
+loaded (cached; reloaded when the ``champion`` alias moves), asks the policy, records the
+decision with its reason, and persists the policy's stabilization state so the next poke
+(or the next DAG run) continues where this one stopped.
+
+Faults: an unreachable MLflow keeps the models already loaded, or (none loaded yet)
+holds the current workers and says why; a failing stream read becomes missing metrics,
+which never scale down.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from kale_airflow.config import Settings
+from kale_airflow.core.policies import Decision, KalePolicy, Observation, Reason
+from kale_airflow.core.policies.kale import KnownCapacity, OnlineForecastSource
+from kale_airflow.core.throughput import monotone
+from kale_airflow.deployment import Deployment
+from kale_airflow.state import StateStore
+
+log = logging.getLogger(__name__)
+STATE_KEY = "autoscaler_state"
+
+
+class Autoscaler:
+    """Observe -> decide -> record, with models cached across pokes."""
+
+    def __init__(self, settings: Settings, deployment: Deployment):
+        from kale_airflow.metrics.embedded import open_metrics
+        from kale_airflow.stream import open_stream
+
+        self.settings, self.dep = settings, deployment
+        self.stream = open_stream(deployment.stream_url)
+        self.metrics = open_metrics(settings.metrics_source, settings.metrics_db)
+        self.state = StateStore(settings.home / "state.db")
+        self.policy: KalePolicy | None = None
+        self.versions: tuple[str, str] | None = None
+        self.model_error: str | None = None
+
+    # ----------------------------------------------------------------- models
+    def _champions(self):
+        from kale_airflow.registry.mlflow_registry import (
+            CHAMPION, FORECASTER_MODEL, THROUGHPUT_MODEL, current_version, load_champion, mlflow_at,
+        )
+
+        uri = self.settings.mlflow_uri
+        with mlflow_at(uri) as client:
+            versions = (current_version(client, FORECASTER_MODEL, CHAMPION),
+                        current_version(client, THROUGHPUT_MODEL, CHAMPION))
+        if None in versions:
+            missing = [n for n, v in zip((FORECASTER_MODEL, THROUGHPUT_MODEL), versions) if v is None]
+            raise LookupError(f"no champion for {', '.join(missing)}: run the retrain/refit DAGs and promote one")
+        if versions != self.versions or self.policy is None:
+            forecaster = load_champion(FORECASTER_MODEL, uri).unwrap_python_model().forecaster
+            throughput = load_champion(THROUGHPUT_MODEL, uri).unwrap_python_model().model
+            self._build(forecaster, throughput)
+            log.info("loaded champions: forecaster v%s, throughput v%s", *versions)
+            self.versions = versions
+
+    def _build(self, forecaster, throughput) -> None:
+        dep = self.dep
+        cfg = dep.kale_config
+        source = OnlineForecastSource(forecaster, bin_s=dep.bin_s, quantile=cfg.forecast_quantile,
+                                      max_horizon_s=2 * cfg.lookahead_s, pretrained=True)
+        capacity = KnownCapacity(monotone(throughput.capacity_table(dep.limits.upper)))
+        self.policy = KalePolicy(dep.limits, source, capacity, cfg)
+        saved = self.state.get_value(STATE_KEY)
+        if saved:
+            self.policy.load_state_dict(saved)
+
+    # ------------------------------------------------------------ observation
+    def observe(self, now: float) -> Observation:
+        """Current metrics; any that cannot be read are None (never a scale-down)."""
+        cur = self.state.current()
+        workers = cur["workers"] if cur and cur["workers"] else 0
+        rate = backlog = fresh = tput = None
+        try:
+            interval = self.dep.poll_interval_s
+            rate = sum(self.stream.arrivals(now - interval, now).values()) / interval
+            if cur and cur["assignment"]:
+                backlog, fresh = self._backlog(cur["assignment"], now)
+        except Exception as exc:  # noqa: BLE001 - a metrics outage must not crash the sensor
+            log.warning("stream metrics unavailable (%s): holding, never scaling down", exc)
+        obs = self.metrics.throughput_observations()
+        recent = obs[(obs["ts"] > now - 120) & (obs["workers"] == workers)] if workers else obs.iloc[0:0]
+        if len(recent):
+            tput = float(recent["rate"].median())
+        rescaling = bool(cur and cur["created"] and now - cur["created"] < self.dep.rescale_downtime_s)
+        return Observation(now, workers, rate, backlog, fresh, None, tput, rescaling)
+
+    def _backlog(self, assignment: dict, now: float) -> tuple[float, float]:
+        from kale_airflow.runtime.worker import slices_for
+
+        ends = self.stream.end_offsets()
+        backlog, oldest = 0.0, now
+        for w in assignment:
+            for sl in slices_for({"assignment": assignment}, int(w)):
+                group = f"{self.dep.group}/{sl.group_suffix}"
+                pos = self.stream.committed(group, sl.partition)
+                pending = ends.get(sl.partition, 0) - pos
+                if pending > 0:
+                    backlog += pending * (sl.hi - sl.lo)
+                    rec = self.stream.read(sl.partition, pos, 1)
+                    if rec:
+                        oldest = min(oldest, rec[0].ts)
+        return backlog, max(0.0, now - oldest)
+
+    # ----------------------------------------------------------------- decide
+    def poke(self, now: float | None = None) -> tuple[Decision, Observation]:
+        """One observation and decision, recorded with its reason."""
+        now = time.time() if now is None else now
+        obs = self.observe(now)
+        try:
+            self._champions()
+            self.model_error = None
+        except Exception as exc:  # noqa: BLE001 - MLflow down or no champion: keep what we have
+            self.model_error = str(exc)
+            if self.policy is None:
+                d = Decision(obs.workers, Reason.HOLD_MISSING_METRICS,
+                             f"models unavailable, keeping the current {obs.workers} worker(s): {exc}")
+                self.state.record_decision(now, obs.workers, d.to_dict())
+                return d, obs
+            log.warning("model registry unavailable (%s); deciding with the cached champions", exc)
+        if obs.workers == 0:
+            d = self.policy.decide(Observation(now, self.dep.limits.min_workers, obs.arrival_rate, 0.0, 0.0, None,
+                                               None, False))
+            # Nothing runs yet: start at the level the policy asks for, without stabilizing.
+            n = self.dep.limits.clamp(max(d.details.get("level", d.workers), self.dep.limits.min_workers))
+            d = Decision(n, Reason.SCALE_UP_FORECAST, f"no training generation is running; starting {n} worker(s)",
+                         d.details)
+        else:
+            d = self.policy.decide(obs)
+        self.state.set_value(STATE_KEY, self.policy.state_dict())
+        self.state.record_decision(now, obs.workers, d.to_dict())
+        log.info("decision: %s -> %s (%s) %s", obs.workers, d.workers, d.reason.value, d.message)
+        return d, obs

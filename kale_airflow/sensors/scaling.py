@@ -1,0 +1,50 @@
+"""ScalingSensor: waits (deferred, in the triggerer) until Kale decides a rescale is due."""
+
+from __future__ import annotations
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+
+
+class ScalingSensor(BaseSensorOperator):
+    """Completes with the decision (XCom) when the stabilized decision differs from the
+    running worker count. ``deferrable=True`` (default) polls in the triggerer; otherwise
+    each poke is one observation and decision. ``max_polls`` bounds one deferral; the
+    sensor then completes with a hold so the next DAG run continues (state persists)."""
+
+    template_fields = ("poll_interval_s", "max_polls")
+
+    def __init__(self, *, poll_interval_s: float | str = 15.0, max_polls: int | str = 240, deferrable: bool = True,
+                 **kwargs):
+        # poll_interval_s may be a template (rendered at run time); the poke interval needs a number now.
+        kwargs.setdefault("poke_interval", poll_interval_s if isinstance(poll_interval_s, (int, float)) else 15.0)
+        super().__init__(**kwargs)
+        self.poll_interval_s = poll_interval_s
+        self.max_polls = max_polls
+        self.deferrable = deferrable
+        self._autoscaler = None
+
+    def execute(self, context):
+        if self.deferrable:
+            from kale_airflow.triggers.scaling import ScalingTrigger
+
+            self.defer(trigger=ScalingTrigger(float(self.poll_interval_s), int(self.max_polls)),
+                       method_name="execute_complete")
+        return super().execute(context)
+
+    def poke(self, context) -> PokeReturnValue:
+        if self._autoscaler is None:
+            from kale_airflow.config import settings
+            from kale_airflow.deployment import load_deployment
+            from kale_airflow.hooks.autoscaler import Autoscaler
+
+            cfg = settings()
+            self._autoscaler = Autoscaler(cfg, load_deployment(cfg))
+        decision, obs = self._autoscaler.poke()
+        done = decision.workers != obs.workers
+        return PokeReturnValue(done, {"status": "scale" if done else "hold", "current": obs.workers,
+                                      **decision.to_dict()})
+
+    def execute_complete(self, context, event: dict) -> dict:
+        self.log.info("decision: %s -> %s (%s): %s", event["current"], event["workers"], event["reason"],
+                      event["message"])
+        return event

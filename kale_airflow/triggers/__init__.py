@@ -1,0 +1,1 @@
+"""Triggers (they must live in the installed package for the triggerer to import them)."""

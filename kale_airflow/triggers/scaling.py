@@ -1,0 +1,41 @@
+"""ScalingTrigger: poll the autoscaler in the triggerer until a change is due."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+
+class ScalingTrigger(BaseTrigger):
+    """Every ``poll_interval_s``, observe and decide; fire when the decided worker count
+    differs from the running one, or after ``max_polls`` with the last hold.
+
+    Serializes primitives only (the triggerer rebuilds it from this dict)."""
+
+    def __init__(self, poll_interval_s: float = 15.0, max_polls: int = 240):
+        super().__init__()
+        self.poll_interval_s = float(poll_interval_s)
+        self.max_polls = int(max_polls)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return ("kale_airflow.triggers.scaling.ScalingTrigger",
+                {"poll_interval_s": self.poll_interval_s, "max_polls": self.max_polls})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from kale_airflow.config import settings
+        from kale_airflow.deployment import load_deployment
+        from kale_airflow.hooks.autoscaler import Autoscaler
+
+        cfg = settings()
+        autoscaler = await asyncio.to_thread(Autoscaler, cfg, load_deployment(cfg))
+        decision = obs = None
+        for i in range(self.max_polls):
+            decision, obs = await asyncio.to_thread(autoscaler.poke)
+            if decision.workers != obs.workers:
+                yield TriggerEvent({"status": "scale", "current": obs.workers, **decision.to_dict()})
+                return
+            if i + 1 < self.max_polls:
+                await asyncio.sleep(self.poll_interval_s)
+        yield TriggerEvent({"status": "hold", "current": obs.workers, **decision.to_dict()})

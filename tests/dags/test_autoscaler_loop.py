@@ -1,0 +1,123 @@
+"""The autoscaler DAG for real (dag.test, triggers in-process) against a live stream:
+a traffic jump scales up, a drop scales down only after stabilization, and the training
+DAG rebalances and starts local workers for the new generation."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kale_airflow.state import StateStore
+from kale_airflow.stream.embedded import EmbeddedStream
+
+pytestmark = pytest.mark.slow
+
+PRODUCER = r"""
+import sys, time
+from pathlib import Path
+from kale_airflow.stream.embedded import EmbeddedStream
+from kale_airflow.runtime.samples import generate, pack
+s = EmbeddedStream(sys.argv[1])
+rate_file = Path(sys.argv[2])
+payload = pack(generate(200, 1))
+i = 0
+while True:
+    rate = float(rate_file.read_text())
+    n = int(rate * 0.2)
+    s.append(i % 4, (payload * (n // 200 + 1))[:n])
+    i += 1
+    time.sleep(0.2)
+"""
+
+
+@pytest.fixture
+def live(airflow_home):
+    home = airflow_home.kale_home
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "kale.yaml").write_text(yaml.safe_dump({
+        "min_workers": 1, "max_workers": 6, "poll_interval_s": 1, "bin_s": 60, "rescale_downtime_s": 1,
+        "kale": {"up_window_s": 2, "down_window_s": 8, "recent_window_s": 60, "lookahead_s": 60},
+    }))
+    EmbeddedStream(home / "stream.db", partitions=4)
+    rate = home / "rate.txt"
+    rate.write_text("2500")
+    # Champions: the seasonal forecaster and the throughput model of the profiled cluster (1,000 samples/s/worker).
+    for dag_id, conf in (("kale_forecaster_retrain", {"forecaster": "seasonal", "history_days": 3,
+                                                      "auto_promote": True}),
+                         ("kale_throughput_refit", {})):
+        run = airflow_home.run(dag_id, conf)
+        assert run.state == "success", run.log[-2000:]
+    proc = subprocess.Popen([sys.executable, "-c", PRODUCER, str(home / "stream.db"), str(rate)])
+    yield airflow_home, rate
+    proc.kill()
+    subprocess.run(["pkill", "-f", str(home / "stream.db")], check=False)
+
+
+def decisions(home):
+    return StateStore(home.kale_home / "state.db").decisions()
+
+
+def test_jump_scales_up_and_drop_scales_down_only_after_stabilization(live):
+    home, rate = live
+    time.sleep(2)
+    run = home.run("kale_autoscaler", {"poll_interval_s": 1, "max_polls": 30})
+    assert run.state == "success", run.log[-3000:]
+    store = StateStore(home.kale_home / "state.db")
+    first = store.current()
+    start = decisions(home)[-1]
+    assert "no training generation is running" in start["message"]
+    assert first["workers"] == start["level"] >= 3  # ~2,500 samples/s at ~1,000 per worker plus margins
+    assert run.tasks["start_generation"] == "success"
+
+    # The training DAG for that generation: rebalance, then local workers start.
+    train = home.run("kale_training", {"workers": first["workers"], "generation": first["generation"]})
+    assert train.state == "success", train.log[-3000:]
+    assert store.get("default", first["generation"])["workers"] == first["workers"]
+    assert "start_local_workers" in train.tasks and train.tasks["worker_pods"] != "success"
+
+    rate.write_text("5000")  # traffic jump
+    time.sleep(2)
+    run = home.run("kale_autoscaler", {"poll_interval_s": 1, "max_polls": 30})
+    assert run.state == "success", run.log[-3000:]
+    up = decisions(home)[-1]
+    assert up["reason"] in ("scale_up_forecast", "scale_up_slo_risk") and up["target"] > first["workers"], up
+    assert any(d["reason"] == "hold_stabilizing" for d in decisions(home)), "scaled up without stabilizing"
+    second = store.current()
+    assert second["workers"] == up["target"]
+    train = home.run("kale_training", {"workers": second["workers"], "generation": second["generation"]})
+    assert train.state == "success", train.log[-3000:]
+    assert "moved" in train.log  # the rebalancer logged what moved from the first generation
+
+    rate.write_text("1000")  # traffic drop: the level must hold for the 8 s down window first
+    time.sleep(3)
+    run = home.run("kale_autoscaler", {"poll_interval_s": 1, "max_polls": 3})
+    assert run.state == "success"
+    assert store.current()["workers"] == second["workers"], "scaled down before stabilization"
+    assert run.tasks["start_generation"] == "skipped"
+    run = home.run("kale_autoscaler", {"poll_interval_s": 1, "max_polls": 40})
+    assert run.state == "success", run.log[-3000:]
+    down = decisions(home)[-1]
+    assert down["reason"] == "scale_down_forecast" and down["target"] < second["workers"], down
+    holds = {d["reason"] for d in decisions(home)}
+    assert holds & {"hold_stabilizing", "hold_tolerance", "hold_rescaling"}
+
+
+def test_models_unavailable_keeps_the_current_workers(airflow_home):
+    home = airflow_home.kale_home
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "kale.yaml").write_text(yaml.safe_dump({"poll_interval_s": 1}))
+    EmbeddedStream(home / "stream.db", partitions=2)
+    StateStore(home / "state.db").set_current_generation("g0", 4)
+    run = airflow_home.run("kale_autoscaler", {"poll_interval_s": 1, "max_polls": 2},
+                           extra_env={"KALE_MLFLOW_URI": "http://127.0.0.1:9"})
+    assert run.state == "success"
+    last = StateStore(home / "state.db").decisions()[-1]
+    assert last["target"] == 4 and last["reason"] == "hold_missing_metrics"
+    assert "MLflow at http://127.0.0.1:9 is unreachable" in last["message"]
+    assert run.tasks["start_generation"] == "skipped"
