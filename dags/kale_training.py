@@ -56,7 +56,8 @@ def kale_training():
         dep = load_deployment(cfg)
         doc = StateStore(cfg.home / "state.db").get("default", summary["generation"])
         spec = WorkerSpec(dep.stream_url, str(cfg.home / "checkpoints"), dep.group, str(cfg.metrics_db),
-                          str(cfg.home / "state.db"), dep.worker_batch_size)
+                          str(cfg.home / "state.db"), dep.worker_batch_size,
+                          ["--step-time", str(dep.worker_step_time_s)] if dep.worker_step_time_s else [])
         return LocalWorkers(spec, cfg.home / "worker-logs").start(summary["generation"], doc)
 
     @task(doc_md="Worker command lines for the pods, one per worker.")

@@ -158,6 +158,13 @@ def cmd_rebalance(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    """The whole loop on the embedded default."""
+    from kale_airflow.demo import run_demo
+
+    return run_demo(args.out, args.minutes)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
     parser = argparse.ArgumentParser(
@@ -238,6 +245,19 @@ def build_parser() -> argparse.ArgumentParser:
     rb.add_argument("--no-split", action="store_true", help="never slice a partition")
     rb.add_argument("--json", metavar="OUT", help="write assignment, imbalance, moved_fraction as JSON")
     rb.set_defaults(func=cmd_rebalance)
+
+    demo = sub.add_parser(
+        "demo",
+        help="run the whole loop on this machine (Airflow, MLflow, stream, local workers, autoscaler)",
+        description="Run the embedded default end to end: retrain and register the models, profile the reference "
+                    "worker, replay the bundled trace time-compressed into the embedded stream, and let the "
+                    "kale_autoscaler DAG scale local training workers. Ends with a summary, a plot, and how to "
+                    "open the Airflow and MLflow UIs on what it produced.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    demo.add_argument("--out", default="out/demo", help="folder for Airflow, MLflow, stream and results")
+    demo.add_argument("--minutes", type=float, default=8.0, help="how long traffic is replayed")
+    demo.set_defaults(func=cmd_demo)
     return parser
 
 

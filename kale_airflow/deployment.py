@@ -48,6 +48,7 @@ class Deployment:
     bin_s: float = 300.0
     training_dag_id: str = "kale_training"
     worker_batch_size: int = 512
+    worker_step_time_s: float = 0.0
     kale: dict = field(default_factory=dict)
     kubernetes: dict = field(default_factory=dict)
 

@@ -111,3 +111,20 @@ def pod_manifest(operator) -> dict:
 
     pod = operator.build_pod_request_obj(dry_run=True)
     return ApiClient().sanitize_for_serialization(pod)
+
+
+# Every Kubernetes API call made for the workers, all through KubernetesPodOperator's
+# PodManager (synchronous mode, no XCom sidecar): (API group, resource) -> verbs. The Helm
+# chart's Role grants exactly these; a test keeps the two equal.
+KUBERNETES_API_CALLS = {
+    ("", "pods"): {
+        "create",   # create_namespaced_pod
+        "get",      # read_namespaced_pod (status polling)
+        "list",     # list_namespaced_pod (find the pod again on reattach_on_restart)
+        "watch",    # PodManager's watch.Watch() on pod phases
+        "patch",    # patch_namespaced_pod (mark the pod as checked before deletion)
+        "delete",   # delete_namespaced_pod (on_finish_action="delete_pod")
+    },
+    ("", "pods/log"): {"get"},  # read_namespaced_pod_log (get_logs=True)
+    ("", "events"): {"list"},   # list_namespaced_event (reported when a pod fails)
+}

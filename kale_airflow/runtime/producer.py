@@ -38,11 +38,9 @@ class Producer:
         self._step = self.start_step
         self._chunk = 0
 
-    def produce_step(self, now: float | None = None) -> int:
-        """Write one trace step's samples; returns how many."""
-        if self._step >= len(self.trace.series):
-            return 0
-        want = self.trace.values[self._step] * self.scale * self.shares + self._carry
+    def emit(self, count: float, now: float | None = None) -> int:
+        """Write ``count`` samples spread over the partitions by their shares; returns how many."""
+        want = count * self.shares + self._carry
         counts = np.floor(want).astype(int)
         self._carry = want - counts  # fractional samples carry over, so totals are exact
         written = 0
@@ -52,7 +50,17 @@ class Producer:
                 self.stream.append(p, pack(generate(int(c), seed=hash((self.seed, p, self._chunk)) & 0xFFFFFFFF)),
                                    ts=now)
                 written += int(c)
-        self._step += 1
+        return written
+
+    def produce_step(self, now: float | None = None, slices: int = 1) -> int:
+        """Write one trace step's samples (in ``slices`` equal parts); returns how many."""
+        if self._step >= len(self.trace.series):
+            return 0
+        written = self.emit(self.trace.values[self._step] * self.scale / slices, now)
+        self._slice = getattr(self, "_slice", 0) + 1
+        if self._slice >= slices:
+            self._slice = 0
+            self._step += 1
         return written
 
     @property
@@ -60,16 +68,19 @@ class Producer:
         """Wall seconds per trace step."""
         return self.trace.step_s / self.compression
 
-    def run(self, steps: int, sleep: bool = True, progress=None) -> int:
-        """Produce ``steps`` trace steps, pacing them in wall time unless ``sleep`` is False."""
+    def run(self, steps: int, sleep: bool = True, slices: int = 10, stop=None, progress=None) -> int:
+        """Produce ``steps`` trace steps, each in ``slices`` parts paced in wall time (unless
+        ``sleep`` is False) so arrivals are smooth within a step; ``stop`` (an Event) ends early."""
         total = 0
         start = time.monotonic()
-        for i in range(steps):
-            total += self.produce_step()
-            if progress is not None:
+        for i in range(steps * slices):
+            if stop is not None and stop.is_set():
+                break
+            total += self.produce_step(slices=slices)
+            if progress is not None and (i + 1) % slices == 0:
                 progress.update(1)
             if sleep:
-                delay = start + (i + 1) * self.step_wall_s - time.monotonic()
+                delay = start + (i + 1) * self.step_wall_s / slices - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
         return total

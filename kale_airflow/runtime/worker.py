@@ -92,7 +92,7 @@ class Worker:
     def __init__(self, stream, group: str, slices: list[Slice], checkpoint_dir: str | Path, worker_id: int = 0,
                  generation: str = "0", workers_total: int = 1, batch_size: int = 512, lr: float = 0.01,
                  checkpoint_every: int = 50, metrics=None, control=None, audit: str | Path | None = None,
-                 seed: int = 0):
+                 seed: int = 0, step_time_s: float = 0.0):
         import torch
 
         from kale_airflow.runtime.model import CTRModel
@@ -108,6 +108,7 @@ class Worker:
         self.model = CTRModel()
         self.optim = torch.optim.Adam(self.model.parameters(), lr=lr)
         self.loss_fn = torch.nn.BCEWithLogitsLoss()
+        self.step_time_s = step_time_s
         self.steps = 0
         self.trained = 0
         self.malformed = 0
@@ -187,6 +188,8 @@ class Worker:
             loss.backward()
             self.optim.step()
             self.last_loss = loss.item()
+        if self.step_time_s:  # emulate an accelerator's step time on CPU (demos, capacity planning)
+            time.sleep(max(0.0, self.step_time_s - (time.perf_counter() - t0)))
         if self.audit is not None:
             with self.audit.open("a") as fh:
                 for s, a, b in audit:
@@ -272,6 +275,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--control-db", help="state store naming the current generation")
     ap.add_argument("--audit", help="append trained offset ranges here (tests, audits)")
     ap.add_argument("--report-every", type=float, default=5.0, help="seconds between throughput records")
+    ap.add_argument("--step-time", type=float, default=0.0,
+                    help="minimum seconds per training step, to emulate a GPU's step time on a CPU")
     ap.add_argument("--max-steps", type=int)
     ap.add_argument("--exit-when-idle", action="store_true", help="stop when no data is left (batch jobs, tests)")
     return ap
@@ -310,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         control = StateStore(args.control_db)
     worker = Worker(open_stream(args.stream), args.group, slices, args.checkpoint_dir, args.worker_id,
                     args.generation, total, args.batch_size, checkpoint_every=args.checkpoint_every,
-                    metrics=metrics, control=control, audit=args.audit)
+                    metrics=metrics, control=control, audit=args.audit, step_time_s=args.step_time)
     log.info("worker %d of %d, generation %s, %d slice(s), restored from %s", args.worker_id, total,
              args.generation, len(slices), worker.restored_from)
     worker.run(max_steps=args.max_steps, exit_when_idle=args.exit_when_idle, report_every_s=args.report_every)

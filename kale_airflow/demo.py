@@ -1,0 +1,269 @@
+"""``kale demo``: the whole loop on one machine, on the embedded default.
+
+Airflow (SQLite, ``dag.test()`` runs, triggers in-process), MLflow (SQLite), the
+embedded stream fed by the bundled trace time-compressed, local workers training the
+reference torch model (with an emulated GPU step time so a 2-core machine can host
+several), the forecaster trained and registered, the throughput model fitted from the
+workers' own throughput in a short profiling phase, and the autoscaler scaling up and
+down with rebalancing. It ends with a summary, plots, and how to open both UIs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+DAGS = Path(__file__).resolve().parent.parent / "dags"
+RUN_DAG = r"""
+import json, sys
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=sys.argv[1])
+dr = bag.get_dag(sys.argv[2]).test(run_conf=json.loads(sys.argv[3]))
+print("KALE_STATE " + str(dr.state))
+"""
+
+
+class Demo:
+    """Drives the loop and samples what a user would watch."""
+
+    def __init__(self, out: Path, minutes: float, start: str, step_wall_s: float, peak_rate: float,
+                 step_time_s: float, batch: int, max_workers: int):
+        self.out = out.resolve()
+        self.minutes, self.start, self.step_wall_s = minutes, pd.Timestamp(start), step_wall_s
+        self.peak_rate, self.step_time_s, self.batch, self.max_workers = peak_rate, step_time_s, batch, max_workers
+        self.airflow_home = self.out / "airflow"
+        self.kale_home = self.out / "kale"
+        self.env = {**os.environ, "AIRFLOW_HOME": str(self.airflow_home), "KALE_HOME": str(self.kale_home),
+                    "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
+                    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.airflow_home}/airflow.db",
+                    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "PYTHONWARNINGS": "ignore", "GIT_PYTHON_REFRESH": "quiet"}
+        self.samples: list[dict] = []
+        self._stop = threading.Event()
+
+    def say(self, text: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+    # ------------------------------------------------------------------ setup
+    def prepare(self) -> None:
+        if self.out.exists():
+            shutil.rmtree(self.out)
+        self.kale_home.mkdir(parents=True)
+        self.airflow_home.mkdir(parents=True)
+        self.say(f"Airflow home {self.airflow_home}; migrating its SQLite database")
+        subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"], env=self.env, check=True,
+                       capture_output=True)
+        per_worker = self.batch / self.step_time_s
+        (self.kale_home / "kale.yaml").write_text(yaml.safe_dump({
+            "min_workers": 1, "max_workers": self.max_workers, "partitions": 16, "poll_interval_s": 2,
+            "bin_s": 30, "slo_s": 60, "rescale_downtime_s": 8, "worker_batch_size": self.batch,
+            "worker_step_time_s": self.step_time_s,
+            # Demo-sized windows: minutes of wall time stand for hours of trace time.
+            "kale": {"lookahead_s": 60, "up_window_s": 4, "down_window_s": 30, "recent_window_s": 20,
+                     "min_drain_s": 10},
+        }))
+        self.say(f"each local worker emulates a GPU step of {self.step_time_s:g} s per {self.batch} samples "
+                 f"(about {per_worker:,.0f} samples/s)")
+
+    def dag(self, dag_id: str, conf: dict | None = None) -> str:
+        proc = subprocess.run([sys.executable, "-c", RUN_DAG, str(DAGS), dag_id, json.dumps(conf or {})],
+                              env=self.env, capture_output=True, text=True, cwd=self.out)
+        state = next((l.split()[1] for l in proc.stdout.splitlines() if l.startswith("KALE_STATE")), "crashed")
+        (self.out / "dag-logs").mkdir(exist_ok=True)
+        with open(self.out / "dag-logs" / f"{dag_id}.log", "a") as fh:
+            fh.write(proc.stdout + proc.stderr)
+        return state
+
+    # --------------------------------------------------------------- profiling
+    def profile(self) -> None:
+        """Real throughput at 1, 2 and 3 workers, recorded by the workers themselves."""
+        os.environ.update({k: self.env[k] for k in ("KALE_HOME",)})
+        from kale_airflow.core.rebalance import assign
+        from kale_airflow.metrics.embedded import EmbeddedMetrics
+        from kale_airflow.runtime.backends import LocalWorkers, WorkerSpec
+        from kale_airflow.runtime.samples import generate, pack
+        from kale_airflow.stream.embedded import EmbeddedStream
+
+        metrics = EmbeddedMetrics(self.kale_home / "metrics.db")  # seeded with the bundled trace
+        with metrics._conn() as c:  # the throughput model must come from these workers, not the seed
+            c.execute("DELETE FROM throughput")
+        path = self.kale_home / "profile-stream.db"
+        s = EmbeddedStream(path, partitions=6)
+        for p in range(6):
+            for chunk in range(20):
+                s.append(p, pack(generate(1000, 100 * p + chunk)))
+        for n in (1, 2, 3):
+            spec = WorkerSpec(f"sqlite:///{path}", str(self.kale_home / "profile-ck"), group=f"profile{n}",
+                              metrics_db=str(self.kale_home / "metrics.db"), batch_size=self.batch,
+                              extra_args=["--step-time", str(self.step_time_s), "--report-every", "2"])
+            workers = LocalWorkers(spec, self.kale_home / "worker-logs")
+            workers.start(f"profile{n}", assign({str(p): 1.0 for p in range(6)}, n).to_dict())
+            time.sleep(14)
+            workers.stop()
+        obs = metrics.throughput_observations()
+        for n, grp in obs.groupby("workers"):
+            self.say(f"profiling: {n} worker(s) measured {grp['rate'].median():,.0f} samples/s")
+
+    # ---------------------------------------------------------------- traffic
+    def produce(self) -> None:
+        from kale_airflow.core.traffic import BUNDLED_TRACE, load_trace
+        from kale_airflow.runtime.producer import Producer
+        from kale_airflow.stream.embedded import EmbeddedStream
+
+        trace = load_trace(BUNDLED_TRACE)
+        start = int(trace.series.index.get_indexer([self.start])[0])
+        steps = int(np.ceil(self.minutes * 60 / self.step_wall_s))
+        window = trace.values[start:start + steps]
+        scale = self.peak_rate * self.step_wall_s / window.max()
+        self.trace_window = trace.series.iloc[start:start + steps]
+        stream = EmbeddedStream(self.kale_home / "stream.db", partitions=16)
+        producer = Producer(stream, trace, compression=trace.step_s / self.step_wall_s, scale=scale, skew=0.8,
+                            start_step=start)
+        self.say(f"producer: {self.trace_window.index[0]} .. {self.trace_window.index[-1]} of the NYC taxi trace, "
+                 f"one 30-min step every {self.step_wall_s:g} s, peak {self.peak_rate:,.0f} samples/s, "
+                 f"16 partitions with Zipf(0.8) rates")
+        producer.run(steps, stop=self._stop)
+        self._stop.set()
+
+    # --------------------------------------------------------------- watching
+    def watch(self) -> None:
+        from kale_airflow.config import settings
+        from kale_airflow.deployment import load_deployment
+        from kale_airflow.hooks.autoscaler import Autoscaler
+
+        os.environ["KALE_HOME"] = str(self.kale_home)
+        auto = Autoscaler(settings(), load_deployment(settings()))
+        while not self._stop.is_set():
+            obs = auto.observe(time.time())
+            self.samples.append({"t": time.time(), "rate": obs.arrival_rate, "backlog": obs.backlog,
+                                 "freshness": obs.freshness_lag_s, "workers": obs.workers})
+            time.sleep(2)
+
+    # -------------------------------------------------------------------- run
+    def run(self) -> dict:
+        t_start = time.time()
+        self.prepare()
+        self.say("training and registering the traffic forecaster (kale_forecaster_retrain)")
+        self.say(f"  -> {self.dag('kale_forecaster_retrain', {'forecaster': 'seasonal', 'history_days': 14, 'auto_promote': True})}")
+        self.say("profiling the reference worker at 1, 2 and 3 local workers")
+        self.profile()
+        self.say("fitting and registering the throughput model from that (kale_throughput_refit)")
+        self.say(f"  -> {self.dag('kale_throughput_refit', {'auto_promote': True})}")
+        producer = threading.Thread(target=self.produce, daemon=True)
+        watcher = threading.Thread(target=self.watch, daemon=True)
+        producer.start()
+        time.sleep(3)
+        watcher.start()
+        from kale_airflow.state import StateStore
+
+        store = StateStore(self.kale_home / "state.db")
+        while not self._stop.is_set():
+            state = self.dag("kale_autoscaler", {"poll_interval_s": 2, "max_polls": 15})
+            cur = store.current()
+            last = store.decisions(1)
+            if last:
+                d = last[-1]
+                self.say(f"autoscaler run {state}: {d['workers']} -> {d['target']} ({d['reason']}) {d['message'][:90]}")
+            if cur and cur["assignment"] is None:
+                self.say(f"training generation {cur['generation']} with {cur['workers']} worker(s) (kale_training)")
+                self.say(f"  -> {self.dag('kale_training', {'workers': cur['workers'], 'generation': cur['generation']})}")
+        producer.join()
+        store.set_current_generation("demo-finished", 0)  # every worker sees it, checkpoints and exits
+        time.sleep(8)
+        return self.summarize(time.time() - t_start)
+
+    # ---------------------------------------------------------------- summary
+    def summarize(self, wall: float) -> dict:
+        from kale_airflow.state import StateStore
+
+        df = pd.DataFrame(self.samples).dropna(subset=["rate"])
+        dt = df["t"].diff().fillna(2.0).clip(upper=10)
+        decisions = StateStore(self.kale_home / "state.db").decisions(100_000)
+        changes = [d for d in decisions if d["target"] != d["workers"]]
+        backlog = df["backlog"].fillna(0)
+        fresh = df["freshness"].fillna(0)
+        summary = {
+            "wall_s": wall,
+            "observed_s": float(dt.sum()),
+            "samples_arrived": float((df["rate"] * dt).sum()),
+            "accumulated_lag": float((backlog * dt).sum()),
+            "mean_wait_s": float((backlog * dt).sum() / max(1.0, (df["rate"] * dt).sum())),
+            "slo_s": 60,
+            "slo_violation_rate": float((fresh > 60).mean()),
+            "rescales": len(changes),
+            "worker_hours": float((df["workers"] * dt).sum() / 3600),
+            "max_workers_used": int(df["workers"].max()),
+            "decisions_recorded": len(decisions),
+            "reasons": pd.Series([d["reason"] for d in decisions]).value_counts().to_dict(),
+        }
+        summary["simulator"] = self.simulated()
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
+        self.plot(df)
+        return summary
+
+    def simulated(self) -> dict:
+        """What the simulator predicts for the same trace segment (its own cluster model)."""
+        from dataclasses import replace
+
+        from kale_airflow.core.simulator import SimConfig, simulate
+        from kale_airflow.core.traffic import BUNDLED_TRACE, load_trace
+
+        trace = load_trace(BUNDLED_TRACE)
+        start = int(trace.series.index.get_indexer([self.start])[0])
+        hist = 14 * 48
+        seg = trace.window(start - hist, start + len(self.trace_window))
+        cfg = SimConfig(history_days=14, days=len(self.trace_window) / 48)
+        res = simulate(seg, ("kale", "hpa"), replace(cfg))
+        return {name: {k: run.metrics[k] for k in ("rescales", "slo_violation_rate", "mean_wait_s", "gpu_hours")}
+                for name, run in res.runs.items()} | {"trace_hours": len(self.trace_window) / 2}
+
+    def plot(self, df: pd.DataFrame) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        t = (df["t"] - df["t"].iloc[0]) / 60
+        fig, ax = plt.subplots(3, 1, figsize=(11, 8), sharex=True, constrained_layout=True)
+        ax[0].plot(t, df["rate"], color="tab:blue", label="arrivals (samples/s)")
+        ax[0].set_ylabel("samples/s")
+        ax[0].legend(loc="upper left")
+        ax[0].set_title("kale demo: embedded stream, local workers, Airflow autoscaler")
+        ax[1].step(t, df["workers"], where="post", color="tab:green")
+        ax[1].set_ylabel("workers")
+        ax[2].plot(t, df["freshness"].fillna(0), color="tab:red", label="freshness lag (s)")
+        ax[2].axhline(60, color="crimson", ls="--", lw=1, label="SLO 60 s")
+        ax[2].set_ylabel("seconds")
+        ax[2].set_xlabel("minutes")
+        ax[2].legend(loc="upper left")
+        fig.savefig(self.out / "demo.png", dpi=110)
+        plt.close(fig)
+
+
+def run_demo(out: str, minutes: float) -> int:
+    """Entry point of ``kale demo``."""
+    demo = Demo(Path(out), minutes, start="2014-07-21 04:00", step_wall_s=20.0, peak_rate=1100.0,
+                step_time_s=0.4, batch=128, max_workers=6)
+    summary = demo.run()
+    sim = summary["simulator"]
+    print("\n== demo summary")
+    print(f"wall time {summary['wall_s'] / 60:.1f} min; {summary['samples_arrived']:,.0f} samples arrived")
+    print(f"accumulated lag {summary['accumulated_lag']:,.0f} sample*s, mean wait {summary['mean_wait_s']:.1f} s, "
+          f"SLO (60 s) violations {summary['slo_violation_rate']:.1%}")
+    print(f"rescales {summary['rescales']}, worker-hours {summary['worker_hours']:.3f}, "
+          f"up to {summary['max_workers_used']} workers; decisions: {summary['reasons']}")
+    print(f"simulator on the same {sim['trace_hours']:g} trace hours: Kale {sim['kale']['rescales']} rescales, "
+          f"SLO violations {sim['kale']['slo_violation_rate']:.1%}; HPA {sim['hpa']['rescales']} rescales")
+    print(f"\nplot: {demo.out / 'demo.png'}   summary: {demo.out / 'summary.json'}")
+    print(f"Airflow UI:  AIRFLOW_HOME={demo.airflow_home} KALE_HOME={demo.kale_home} .venv/bin/airflow standalone")
+    print(f"MLflow UI:   .venv/bin/mlflow ui --backend-store-uri sqlite:///{demo.kale_home / 'mlflow.db'}")
+    return 0
