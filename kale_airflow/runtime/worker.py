@@ -86,6 +86,31 @@ def slices_for(assignment: dict, worker: int) -> list[Slice]:
     return out
 
 
+def handover(stream, group: str, previous: dict | None, assignment: dict) -> dict[str, int]:
+    """Start positions for the slices of a new generation, committed before its workers start.
+
+    Slice boundaries change between generations, and commits are kept per slice. A new
+    slice of partition p starts at the lowest position any slice of p had reached (so no
+    sample is skipped; the re-read gap between slices is small because slices advance
+    together), unless its exact slice already has a commit. Returns {group key: offset}."""
+    prev_pos: dict[int, list[int]] = {}
+    if previous:
+        for w in previous.get("assignment", previous):
+            for sl in slices_for(previous, int(w)):
+                prev_pos.setdefault(sl.partition, []).append(stream.committed(f"{group}/{sl.group_suffix}",
+                                                                              sl.partition))
+    out = {}
+    for w in assignment.get("assignment", assignment):
+        for sl in slices_for(assignment, int(w)):
+            key = f"{group}/{sl.group_suffix}"
+            if stream.committed(key, sl.partition) == 0 and prev_pos.get(sl.partition):
+                start = min(prev_pos[sl.partition])
+                if start:
+                    stream.commit(key, {sl.partition: start})
+                out[key] = start
+    return out
+
+
 class Worker:
     """One training process."""
 
@@ -188,8 +213,8 @@ class Worker:
             loss.backward()
             self.optim.step()
             self.last_loss = loss.item()
-        if self.step_time_s:  # emulate an accelerator's step time on CPU (demos, capacity planning)
-            time.sleep(max(0.0, self.step_time_s - (time.perf_counter() - t0)))
+        if self.step_time_s and n:  # emulate an accelerator's step time on CPU (demos, capacity planning)
+            time.sleep(max(0.0, self.step_time_s * n / self.batch_size - (time.perf_counter() - t0)))
         if self.audit is not None:
             with self.audit.open("a") as fh:
                 for s, a, b in audit:

@@ -153,3 +153,22 @@ def test_kill_9_mid_training_loses_no_sample_and_duplicates_at_most_one_batch(tm
         assert set(trained) == set(range(30_000)), f"partition {p}: samples lost"
         dups = sum(c - 1 for c in trained.values())
         assert dups <= 2 * 2 * batch  # at most one uncommitted batch per slice (2 slices per partition at most)
+
+
+def test_handover_starts_new_slices_where_the_old_ones_stopped(stream, tmp_path):
+    from kale_airflow.runtime.worker import handover
+
+    old = {"assignment": {"0": [["0", 1.0]], "1": [["1", 1.0], ["2", 1.0]]}}
+    for w in (0, 1):
+        Worker(stream, "g", slices_for(old, w), tmp_path / "ck", worker_id=w).run(max_steps=3)
+    reached = {p: stream.committed(f"g/p{p}:0.000000-1.000000", p) for p in range(3)}
+    assert all(v > 0 for v in reached.values())
+    new = {"assignment": {"0": [["0", 0.5]], "1": [["0", 0.5], ["1", 1.0]], "2": [["2", 1.0]]}}
+    starts = handover(stream, "g", old, new)
+    assert starts == {"g/p0:0.000000-0.500000": reached[0], "g/p0:0.500000-1.000000": reached[0]}
+    # Training the new generation to the end covers every offset after the old position exactly.
+    audit = tmp_path / "audit.log"
+    for w in (0, 1, 2):
+        Worker(stream, "g", slices_for(new, w), tmp_path / "ck2", worker_id=w, audit=audit).run(exit_when_idle=True)
+    seen = audit_coverage(audit)
+    assert set(seen[0]) == set(range(reached[0], 4000)) and max(seen[0].values()) == 1
