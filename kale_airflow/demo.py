@@ -251,7 +251,7 @@ class Demo:
 
 def run_demo(out: str, minutes: float) -> int:
     """Entry point of ``kale demo``."""
-    demo = Demo(Path(out), minutes, start="2014-07-21 04:00", step_wall_s=20.0, peak_rate=1100.0,
+    demo = Demo(Path(out), minutes, start="2014-07-21 14:00", step_wall_s=20.0, peak_rate=1100.0,
                 step_time_s=0.4, batch=128, max_workers=6)
     summary = demo.run()
     sim = summary["simulator"]

@@ -10,4 +10,9 @@ def get_provider_info() -> dict:
         "name": "Kale",
         "description": "Predictive GPU autoscaling for online deep-learning training (Kale, SoCC '24).",
         "versions": [__version__],
+        "plugins": [{"name": "kale", "plugin-class": "kale_airflow.ui.plugin.KalePlugin"}],
+        "triggers": [{"integration-name": "Kale", "python-modules": ["kale_airflow.triggers.scaling"]}],
+        "operators": [{"integration-name": "Kale", "python-modules": ["kale_airflow.operators.rebalance",
+                                                                      "kale_airflow.operators.scale"]}],
+        "sensors": [{"integration-name": "Kale", "python-modules": ["kale_airflow.sensors.scaling"]}],
     }

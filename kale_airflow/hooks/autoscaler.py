@@ -135,6 +135,8 @@ class Autoscaler:
         else:
             d = self.policy.decide(obs)
         self.state.set_value(STATE_KEY, self.policy.state_dict())
-        self.state.record_decision(now, obs.workers, d.to_dict())
+        self.state.record_decision(now, obs.workers, d.to_dict() | {"arrival_rate": obs.arrival_rate,
+                                                                    "backlog": obs.backlog,
+                                                                    "freshness_lag_s": obs.freshness_lag_s})
         log.info("decision: %s -> %s (%s) %s", obs.workers, d.workers, d.reason.value, d.message)
         return d, obs

@@ -1,0 +1,1 @@
+"""The Kale page in the Airflow UI (a FastAPI app served by the Airflow API server)."""

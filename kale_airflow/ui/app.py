@@ -1,0 +1,128 @@
+"""FastAPI app mounted at ``/kale`` by the Airflow API server.
+
+Plugin apps are served without authentication unless their routes ask for it, so every
+route depends on Airflow's ``get_user`` (a valid Airflow JWT, from the Authorization header
+or the UI's session cookie); anonymous requests get 401.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import os
+import time
+
+from fastapi import Depends, FastAPI
+from fastapi.responses import HTMLResponse, Response
+
+from airflow.api_fastapi.core_api.security import get_user
+
+app = FastAPI(title="Kale", description="Kale autoscaler: forecasts, workers and decisions",
+              dependencies=[Depends(get_user)])
+
+
+def _state(limit: int = 500) -> dict:
+    from kale_airflow.config import settings
+    from kale_airflow.state import StateStore
+
+    cfg = settings()
+    store = StateStore(cfg.home / "state.db")
+    return {"decisions": store.decisions(limit), "current": store.current(), "models": _models(cfg)}
+
+
+def _models(cfg) -> list[dict]:
+    """Champion and challenger versions with links into the MLflow UI (empty if unreachable)."""
+    from kale_airflow.registry.mlflow_registry import (
+        CHALLENGER, CHAMPION, FORECASTER_MODEL, THROUGHPUT_MODEL, RegistryUnavailable, mlflow_at,
+    )
+
+    ui = os.environ.get("KALE_MLFLOW_UI_URL", "http://localhost:5000").rstrip("/")
+    out = []
+    try:
+        with mlflow_at(cfg.mlflow_uri) as client:
+            for name in (FORECASTER_MODEL, THROUGHPUT_MODEL):
+                for alias in (CHAMPION, CHALLENGER):
+                    try:
+                        mv = client.get_model_version_by_alias(name, alias)
+                    except Exception:  # noqa: BLE001 - no such alias
+                        continue
+                    out.append({"model": name, "alias": alias, "version": str(mv.version),
+                                "review": mv.tags.get("kale.review", ""),
+                                "url": f"{ui}/#/models/{name}/versions/{mv.version}"})
+    except RegistryUnavailable as exc:
+        out.append({"model": "MLflow unreachable", "alias": "", "version": "", "review": str(exc)[:120], "url": ""})
+    return out
+
+
+@app.get("/api/state")
+def state() -> dict:
+    """Decisions (holds included), the running generation and the registered models."""
+    return _state()
+
+
+@app.get("/plot.png")
+def plot() -> Response:
+    """Forecast vs actual traffic with the forecast band, and workers with capacity, over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ds = _state(2000)["decisions"]
+    fig, ax = plt.subplots(2, 1, figsize=(11, 6), sharex=True, constrained_layout=True)
+    if ds:
+        t0 = ds[-1]["ts"]
+        t = [(d["ts"] - t0) / 60 for d in ds]
+        actual = [d.get("arrival_rate") for d in ds]
+        upper = [d.get("forecast_upper") for d in ds]
+        ax[0].plot(t, actual, color="black", lw=1, label="actual traffic (samples/s)")
+        ax[0].fill_between(t, [a or 0 for a in actual], [u or 0 for u in upper], color="tab:blue", alpha=0.25,
+                           label="forecast band (actual to upper quantile)")
+        ax[0].plot(t, upper, color="tab:blue", lw=1, label="forecast upper quantile")
+        ax[1].step(t, [d["workers"] for d in ds], where="post", color="tab:green", label="running workers")
+        ax[1].plot(t, [d.get("need") for d in ds], color="tab:orange", lw=0.8, label="workers the forecast needs")
+        for d, x in zip(ds, t):
+            if d["target"] != d["workers"]:
+                ax[1].annotate(d["reason"].replace("_", " "), (x, d["target"]), fontsize=7, rotation=30)
+    ax[0].set_ylabel("samples/s")
+    ax[0].legend(fontsize=8, loc="upper left")
+    ax[1].set_ylabel("workers")
+    ax[1].set_xlabel("minutes (0 = latest decision)")
+    ax[1].legend(fontsize=8, loc="upper left")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return Response(buf.getvalue(), media_type="image/png")
+
+
+def _link(m: dict) -> str:
+    if not m["url"]:
+        return ""
+    return f'<a href="{html.escape(m["url"])}">v{html.escape(m["version"])}</a>'
+
+
+@app.get("/", response_class=HTMLResponse)
+def page() -> str:
+    """The Kale page."""
+    s = _state(200)
+    cur = s["current"] or {}
+    rows = "".join(
+        f"<tr class='{'change' if d['target'] != d['workers'] else ''}'><td>{time.strftime('%H:%M:%S', time.localtime(d['ts']))}</td>"
+        f"<td>{d['workers']}</td><td>{d['target']}</td><td><code>{html.escape(d['reason'])}</code></td>"
+        f"<td>{html.escape(d['message'])}</td></tr>"
+        for d in reversed(s["decisions"][-40:]))
+    models = "".join(
+        f"<tr><td>{html.escape(m['model'])}</td><td>{html.escape(m['alias'])}</td><td>{_link(m)}</td>"
+        f"<td>{html.escape(m['review'])}</td></tr>" for m in s["models"])
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>Kale</title>
+<style>body{{font-family:system-ui,sans-serif;margin:24px;color:#222}} table{{border-collapse:collapse;font-size:13px}}
+td,th{{border-bottom:1px solid #ddd;padding:4px 8px;text-align:left}} tr.change{{background:#eef6ff}}
+.cards{{display:flex;gap:16px;margin:12px 0}} .card{{border:1px solid #ddd;border-radius:8px;padding:10px 14px}}</style>
+</head><body><h1>Kale autoscaler</h1>
+<div class="cards"><div class="card">Generation<br><b>{html.escape(str(cur.get('generation', 'none')))}</b></div>
+<div class="card">Workers<br><b>{cur.get('workers', 0)}</b></div>
+<div class="card">Decisions recorded<br><b>{len(s['decisions'])}</b></div></div>
+<img src="plot.png" alt="forecast vs actual traffic and workers" style="max-width:100%">
+<h2>Models</h2><table><tr><th>model</th><th>alias</th><th>version (MLflow)</th><th>review</th></tr>{models}</table>
+<h2>Decisions</h2><table><tr><th>time</th><th>workers</th><th>decided</th><th>reason</th><th>why</th></tr>{rows}</table>
+</body></html>"""
