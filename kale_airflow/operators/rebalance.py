@@ -10,7 +10,8 @@ from airflow.sdk import BaseOperator
 class RebalanceShardsOperator(BaseOperator):
     """Assign stream partitions to ``workers`` workers for a generation.
 
-    Reads the latest partition rates from the metrics source and the previous generation's
+    Reads the partitions' current rates from the stream (or, without one, the metrics
+    source) and the previous generation's
     assignment from the state store, calls the core rebalancer (sticky, balanced, slicing
     hot partitions unless ``split=False``) and stores the result under the generation.
     Idempotent: re-running for a generation that already has an assignment returns it
@@ -47,7 +48,7 @@ class RebalanceShardsOperator(BaseOperator):
                 )
             self.log.info("generation %s already assigned (%d workers): nothing to do", generation, workers)
             return self._summary(generation, existing, reused=True)
-        rates = open_metrics(cfg.metrics_source, cfg.metrics_db).partition_rates()
+        rates = self._stream_rates(cfg) or open_metrics(cfg.metrics_source, cfg.metrics_db).partition_rates()
         prev = store.latest(self.assignment_name, before=generation)
         previous = prev[1] if prev else None
         previous_doc = {"assignment": previous["assignment"]} if previous else None
@@ -57,6 +58,23 @@ class RebalanceShardsOperator(BaseOperator):
         if not store.put(self.assignment_name, generation, workers, doc):  # a concurrent run won: use its result
             doc = store.get(self.assignment_name, generation)
         return self._summary(generation, doc, reused=False)
+
+    def _stream_rates(self, cfg, window_s: float = 300.0) -> dict[str, float] | None:
+        """Samples/s per partition over the last ``window_s`` from the configured stream
+        (every partition, idle ones included); None when the stream has no partitions."""
+        import time
+
+        from kale_airflow.deployment import load_deployment
+        from kale_airflow.stream import open_stream
+
+        stream = open_stream(load_deployment(cfg).stream_url)
+        parts = stream.partitions()
+        if not parts:
+            return None
+        now = time.time()
+        counts = stream.arrivals(now - window_s, now)
+        self.log.info("partition rates from the stream over the last %.0f s", window_s)
+        return {str(p): counts.get(p, 0) / window_s for p in parts}
 
     def _log_moves(self, prev, doc: dict, result) -> None:
         self.log.info("%d partitions over %d workers: imbalance %.4f (lower bound %.4f)", len(result.rates),
