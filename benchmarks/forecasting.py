@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from kale_airflow.core.backtest import backtest
 from kale_airflow.core.forecast import get_forecaster

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from airflow.sdk import Param, dag, get_current_context, task
+from airflow.sdk import Param, dag, task
 
 from kale_airflow.operators.rebalance import RebalanceShardsOperator
 

@@ -86,7 +86,7 @@ class Demo:
     # --------------------------------------------------------------- profiling
     def profile(self) -> None:
         """Real throughput at 1, 2 and 3 workers, recorded by the workers themselves."""
-        os.environ.update({k: self.env[k] for k in ("KALE_HOME",)})
+        os.environ["KALE_HOME"] = self.env["KALE_HOME"]
         from kale_airflow.core.rebalance import assign
         from kale_airflow.metrics.embedded import EmbeddedMetrics
         from kale_airflow.runtime.backends import LocalWorkers, WorkerSpec
@@ -94,8 +94,7 @@ class Demo:
         from kale_airflow.stream.embedded import EmbeddedStream
 
         metrics = EmbeddedMetrics(self.kale_home / "metrics.db")  # seeded with the bundled trace
-        with metrics._conn() as c:  # the throughput model must come from these workers, not the seed
-            c.execute("DELETE FROM throughput")
+        metrics.clear_throughput()  # the throughput model must come from these workers, not the seed
         path = self.kale_home / "profile-stream.db"
         s = EmbeddedStream(path, partitions=6)
         for p in range(6):

@@ -98,13 +98,12 @@ class Workload:
     arrivals: np.ndarray          # samples per tick
     history: pd.Series            # samples/s per trace step, before start
     scale: float                  # samples per trace unit
+    tick_s: float = 15.0
 
     @property
     def rates(self) -> np.ndarray:
         """Arrival rate per tick (samples/s)."""
-        return self.arrivals / self._tick
-
-    _tick: float = 15.0
+        return self.arrivals / self.tick_s
 
 
 def build_workload(trace: Trace, cfg: SimConfig) -> Workload:
@@ -132,9 +131,7 @@ def build_workload(trace: Trace, cfg: SimConfig) -> Workload:
     arrivals = np.repeat(eval_values * scale * cfg.tick_s / trace.step_s, tps)
     history = trace.series.iloc[:hist_steps] * scale / trace.step_s
     start = trace.series.index[hist_steps].value / 1e9
-    w = Workload(start, arrivals, history, scale)
-    w._tick = cfg.tick_s
-    return w
+    return Workload(start, arrivals, history, scale, cfg.tick_s)
 
 
 @dataclass

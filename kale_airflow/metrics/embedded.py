@@ -115,6 +115,11 @@ class EmbeddedMetrics:
         idx = pd.to_datetime(np.asarray(ts, dtype="int64"), unit="s")
         return pd.Series(np.asarray([np.nan if v is None else v for v in vals], dtype=float), index=idx, name="value")
 
+    def clear_throughput(self) -> None:
+        """Forget all throughput observations (e.g. the seed, before profiling real workers)."""
+        with closing(self._conn()) as c, c:
+            c.execute("DELETE FROM throughput")
+
     def throughput_observations(self) -> pd.DataFrame:
         """All (ts, workers, rate) observations."""
         with closing(self._conn()) as c:

@@ -24,9 +24,7 @@ def trace():
 
 
 def workload(arrivals, tick=15.0):
-    w = Workload(0.0, np.asarray(arrivals, dtype=float), pd.Series(dtype=float), 1.0)
-    w._tick = tick
-    return w
+    return Workload(0.0, np.asarray(arrivals, dtype=float), pd.Series(dtype=float), 1.0, tick)
 
 
 class Script:

@@ -2,13 +2,9 @@
 a traffic jump scales up, a drop scales down only after stabilization, and the training
 DAG rebalances and starts local workers for the new generation."""
 
-import json
-import os
-import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import yaml

@@ -1,6 +1,5 @@
 """The Kale policy: each stage on its own (tables), then scenarios through ``decide``."""
 
-import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
