@@ -102,11 +102,10 @@ def kale_training():
 
 
 def _worker_pods(args):
-    """Mapped GPU pods; built only when the provider is importable (always, in this package)."""
-    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
-
+    """Mapped GPU pods (KubernetesPodOperator subclass), one per worker command line."""
     from kale_airflow.config import settings
     from kale_airflow.deployment import ConfigError, load_deployment
+    from kale_airflow.operators.worker_pod import WorkerPodOperator
     from kale_airflow.runtime.kubernetes import KubernetesWorkerConfig, pod_kwargs
 
     try:
@@ -114,7 +113,7 @@ def _worker_pods(args):
         kcfg = dep.kubernetes_config
     except ConfigError:
         kcfg = KubernetesWorkerConfig()  # the branch fails loudly at run time; parsing must not
-    KubernetesPodOperator.partial(task_id="worker_pods", name="kale-worker", cmds=["python"],
+    WorkerPodOperator.partial(task_id="worker_pods", name="kale-worker", cmds=["python"],
                                   labels={"app.kubernetes.io/name": "kale-worker"},
                                   **pod_kwargs(kcfg)).expand(arguments=args)
 

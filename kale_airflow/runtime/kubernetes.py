@@ -89,11 +89,11 @@ def pod_kwargs(cfg: KubernetesWorkerConfig) -> dict:
 
 def worker_pod_operator(cfg: KubernetesWorkerConfig, spec: WorkerSpec, generation: str, worker_id: int,
                         workers: int, assignment: dict, **operator_kwargs):
-    """The KubernetesPodOperator for one worker of a generation."""
-    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+    """The pod operator (a KubernetesPodOperator) for one worker of a generation."""
+    from kale_airflow.operators.worker_pod import WorkerPodOperator
 
     cmd = spec.command(generation, worker_id, workers, assignment)
-    return KubernetesPodOperator(
+    return WorkerPodOperator(
         task_id=operator_kwargs.pop("task_id", f"worker_{worker_id}"),
         name=f"kale-worker-{worker_id}",
         cmds=cmd[:1],

@@ -59,3 +59,41 @@ def test_labels_are_valid_and_unique_for_run_ids():
 def test_root_user_is_refused():
     with pytest.raises(ValueError, match="non-root"):
         KubernetesWorkerConfig(run_as_user=0)
+
+
+def _raising(status):
+    from kubernetes.client.exceptions import ApiException
+
+    def boom(self, pod_request_obj, context):
+        raise ApiException(status=status, reason="Forbidden" if status == 403 else "AlreadyExists")
+
+    return boom
+
+
+def test_403_names_the_missing_permission_and_the_fix(monkeypatch):
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+    from kale_airflow.operators.worker_pod import KubernetesPermissionError
+
+    op = worker_pod_operator(KubernetesWorkerConfig(namespace="ml"), SPEC, RUN_ID, 0, 2, ASSIGNMENT)
+    monkeypatch.setattr(KubernetesPodOperator, "get_or_create_pod", _raising(403))  # the provider's call fails
+    pod = op.build_pod_request_obj(dry_run=True)
+    with pytest.raises(KubernetesPermissionError) as err:
+        op.get_or_create_pod(pod, {})
+    msg = str(err.value)
+    assert "'create' verb on 'pods'" in msg and "namespace 'ml'" in msg and "Role and RoleBinding" in msg
+
+
+def test_409_on_our_own_pod_reattaches(monkeypatch):
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+    op = worker_pod_operator(KubernetesWorkerConfig(), SPEC, RUN_ID, 0, 2, ASSIGNMENT)
+    pod = op.build_pod_request_obj(dry_run=True)
+    monkeypatch.setattr(KubernetesPodOperator, "get_or_create_pod", _raising(409))
+    monkeypatch.setattr(KubernetesPodOperator, "find_pod", lambda self, ns, context, exclude_checked=True: pod)
+    assert op.get_or_create_pod(pod, {}) is pod
+    monkeypatch.setattr(KubernetesPodOperator, "find_pod", lambda self, ns, context, exclude_checked=True: None)
+    from kubernetes.client.exceptions import ApiException
+
+    with pytest.raises(ApiException):
+        op.get_or_create_pod(pod, {})
