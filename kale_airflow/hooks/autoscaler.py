@@ -90,7 +90,23 @@ class Autoscaler:
         if len(recent):
             tput = float(recent["rate"].median())
         rescaling = bool(cur and cur["created"] and now - cur["created"] < self.dep.rescale_downtime_s)
-        return Observation(now, workers, rate, backlog, fresh, None, tput, rescaling)
+        return Observation(now, workers, rate, backlog, fresh, None, tput, rescaling, self._ready(workers))
+
+    def _ready(self, workers: int) -> int | None:
+        """Running worker pods (Kubernetes backend); None when unknown. Pods still Pending
+        for lack of GPUs make this smaller than the generation's size."""
+        if self.dep.worker_backend != "kubernetes" or not workers:
+            return None
+        try:
+            from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+            kcfg = self.dep.kubernetes_config
+            pods = KubernetesHook(kcfg.kubernetes_conn_id).core_v1_client.list_namespaced_pod(
+                kcfg.namespace, label_selector="app.kubernetes.io/name=kale-worker").items
+        except Exception as exc:  # noqa: BLE001 - no API access: unknown, not zero
+            log.warning("cannot list worker pods (%s); pending workers unknown", exc)
+            return None
+        return min(workers, sum(1 for p in pods if p.status and p.status.phase == "Running"))
 
     def _backlog(self, assignment: dict, now: float) -> tuple[float, float]:
         from kale_airflow.runtime.worker import slices_for

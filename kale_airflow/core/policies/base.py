@@ -22,6 +22,7 @@ class Reason(str, Enum):
     HOLD_NOT_WORTH_DOWNTIME = "hold_not_worth_downtime"
     HOLD_RESCALING = "hold_rescaling"            # a rescale is still in progress
     HOLD_MISSING_METRICS = "hold_missing_metrics"  # never scale down on missing data
+    HOLD_PENDING = "hold_pending"                # workers wait for capacity: asking for more cannot help
     SCALE_UP_FORECAST = "scale_up_forecast"
     SCALE_UP_SLO_RISK = "scale_up_slo_risk"
     SCALE_DOWN_FORECAST = "scale_down_forecast"
@@ -41,7 +42,9 @@ class Observation:
     - ``freshness_lag_s``: age of the oldest unprocessed sample;
     - ``utilization``: fraction of the last interval the workers were busy (0..1);
     - ``throughput``: samples/s the workers achieved while training (their capacity);
-    - ``rescaling``: a rescale (checkpoint/restart) is in progress.
+    - ``rescaling``: a rescale (checkpoint/restart) is in progress;
+    - ``ready_workers``: workers actually running (the rest are Pending for lack of
+      capacity); None when the backend cannot tell.
     """
 
     now_s: float
@@ -52,6 +55,7 @@ class Observation:
     utilization: float | None = None
     throughput: float | None = None
     rescaling: bool = False
+    ready_workers: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

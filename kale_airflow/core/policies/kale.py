@@ -19,6 +19,9 @@ Stages (each a small pure function, tested on its own):
    scale down;
 5. **clamp** to min/max workers and the partition count.
 
+Workers Pending for lack of capacity (``Observation.ready_workers`` below the count) block
+further scale-ups (``HOLD_PENDING``): more pods would only queue behind them.
+
 Inputs are abstract: a :class:`ForecastSource` (online forecaster, or the oracle's true
 future) and a capacity table (a fitted :class:`ThroughputModel`, or the oracle's true
 cluster model).
@@ -455,6 +458,12 @@ class KalePolicy:
         self._up_since = (self._up_since if self._up_since is not None else now) if need > current else None
         details = {"need": need, "level": level, "forecast_upper": round(up1, 3), "source": source}
 
+        pending = obs.ready_workers is not None and obs.ready_workers < current
+        if need > current and pending:
+            # More pods would queue behind the ones already waiting for GPUs: hold, do not oscillate.
+            return Decision(current, Reason.HOLD_PENDING,
+                            f"{current - obs.ready_workers} of {current} workers are Pending for lack of capacity; "
+                            f"holding at {current} instead of asking for {level}", details)
         if need > current:
             if at_risk:
                 return Decision(level, Reason.SCALE_UP_SLO_RISK,

@@ -207,3 +207,13 @@ def test_online_source_refuses_a_quantile_the_forecaster_lacks():
 def test_config_validation_names_both_fields():
     with pytest.raises(ValueError, match="lookahead_s .* rescale_downtime_s"):
         KaleConfig(lookahead_s=60, rescale_downtime_s=90)
+
+
+def test_pending_workers_block_further_scale_ups_but_not_scale_downs():
+    p = kale(lambda t: 30_000.0)
+    ds = [p.decide(obs(t, 10, rate=30_000, ready_workers=6)) for t in range(0, 300, 15)]
+    assert {d.workers for d in ds} == {10} and ds[-1].reason == Reason.HOLD_PENDING
+    assert "4 of 10 workers are Pending" in ds[-1].message
+    q = kale(lambda t: 1_000.0)
+    ds = [q.decide(obs(t, 10, rate=1_000, ready_workers=6)) for t in range(0, 2000, 15)]
+    assert ds[-1].reason == Reason.SCALE_DOWN_FORECAST  # a smaller generation may fit the capacity
