@@ -90,21 +90,22 @@ def handover(stream, group: str, previous: dict | None, assignment: dict) -> dic
     """Start positions for the slices of a new generation, committed before its workers start.
 
     Slice boundaries change between generations, and commits are kept per slice. A new
-    slice of partition p starts at the lowest position any slice of p had reached (so no
-    sample is skipped; the re-read gap between slices is small because slices advance
-    together), unless its exact slice already has a commit. Returns {group key: offset}."""
-    prev_pos: dict[int, list[int]] = {}
+    slice starts at the lowest position reached by the previous slices *whose ranges
+    overlap it* (only they held its offsets), so no sample is skipped and little is
+    re-read; a slice that already has a commit keeps it. Returns {group key: offset}."""
+    old: dict[int, list[tuple[float, float, int]]] = {}
     if previous:
         for w in previous.get("assignment", previous):
             for sl in slices_for(previous, int(w)):
-                prev_pos.setdefault(sl.partition, []).append(stream.committed(f"{group}/{sl.group_suffix}",
-                                                                              sl.partition))
+                pos = stream.committed(f"{group}/{sl.group_suffix}", sl.partition)
+                old.setdefault(sl.partition, []).append((sl.lo, sl.hi, pos))
     out = {}
     for w in assignment.get("assignment", assignment):
         for sl in slices_for(assignment, int(w)):
             key = f"{group}/{sl.group_suffix}"
-            if stream.committed(key, sl.partition) == 0 and prev_pos.get(sl.partition):
-                start = min(prev_pos[sl.partition])
+            overlapping = [pos for lo, hi, pos in old.get(sl.partition, []) if lo < sl.hi and sl.lo < hi]
+            if stream.committed(key, sl.partition) == 0 and overlapping:
+                start = min(overlapping)
                 if start:
                     stream.commit(key, {sl.partition: start})
                 out[key] = start
