@@ -151,8 +151,11 @@ class Autoscaler:
         else:
             d = self.policy.decide(obs)
         self.state.set_value(STATE_KEY, self.policy.state_dict())
+        table = self.policy.capacity.table
+        capacity = table[min(obs.workers, len(table) - 1)] if table is not None else None
         self.state.record_decision(now, obs.workers, d.to_dict() | {"arrival_rate": obs.arrival_rate,
                                                                     "backlog": obs.backlog,
-                                                                    "freshness_lag_s": obs.freshness_lag_s})
+                                                                    "freshness_lag_s": obs.freshness_lag_s,
+                                                                    "capacity": capacity})
         log.info("decision: %s -> %s (%s) %s", obs.workers, d.workers, d.reason.value, d.message)
         return d, obs

@@ -62,7 +62,8 @@ def state() -> dict:
 
 @app.get("/plot.png")
 def plot() -> Response:
-    """Forecast vs actual traffic with the forecast band, and workers with capacity, over time."""
+    """Forecast vs actual traffic with the forecast band and the workers' capacity, and the
+    worker count against what the forecast needs, with each rescale's reason."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -79,6 +80,8 @@ def plot() -> Response:
         ax[0].fill_between(t, [a or 0 for a in actual], [u or 0 for u in upper], color="tab:blue", alpha=0.25,
                            label="forecast band (actual to upper quantile)")
         ax[0].plot(t, upper, color="tab:blue", lw=1, label="forecast upper quantile")
+        ax[0].step(t, [d.get("capacity") for d in ds], where="post", color="tab:green", lw=1,
+                   label="capacity of the running workers (throughput model)")
         ax[1].step(t, [d["workers"] for d in ds], where="post", color="tab:green", label="running workers")
         ax[1].plot(t, [d.get("need") for d in ds], color="tab:orange", lw=0.8, label="workers the forecast needs")
         for d, x in zip(ds, t):

@@ -22,7 +22,7 @@ def history(tmp_path, monkeypatch):
                                         (5, 3, "scale_down_forecast")]):
         store.record_decision(now - 60 * (4 - i), w, {"workers": t, "reason": reason, "message": f"because {i}",
                                                       "arrival_rate": 1000.0 * t, "forecast_upper": 1100.0 * t,
-                                                      "need": t})
+                                                      "need": t, "capacity": 1050.0 * w})
     store.set_current_generation("g7", 3)
     return store
 
@@ -83,6 +83,7 @@ def test_page_shows_decisions_models_and_plot(history, signed_in):
     assert png.headers["content-type"] == "image/png" and png.content[:4] == b"\x89PNG"
     state = signed_in.get("/api/state").json()
     assert [d["target"] for d in state["decisions"]] == [2, 5, 5, 3]
+    assert [d["capacity"] for d in state["decisions"]] == [2100.0, 2100.0, 5250.0, 5250.0]
     assert state["current"]["generation"] == "g7"
 
 
