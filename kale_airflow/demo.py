@@ -65,10 +65,9 @@ class Demo:
         per_worker = self.batch / self.step_time_s
         (self.kale_home / "kale.yaml").write_text(yaml.safe_dump({
             "min_workers": 1, "max_workers": self.max_workers, "partitions": 16, "poll_interval_s": 2,
-            "bin_s": 30, "slo_s": 60, "rescale_downtime_s": 20, "worker_batch_size": self.batch,
+            "bin_s": 30, "slo_s": 60, "rescale_downtime_s": 8, "worker_batch_size": self.batch,
             "worker_step_time_s": self.step_time_s,
-            # Demo-sized windows: minutes of wall time stand for hours of trace time. A rescale here
-            # (a DAG run, then processes importing torch) pauses training for about 20 s.
+            # Demo-sized windows: minutes of wall time stand for hours of trace time.
             "kale": {"lookahead_s": 60, "up_window_s": 4, "down_window_s": 30, "recent_window_s": 20,
                      "min_drain_s": 10},
         }))

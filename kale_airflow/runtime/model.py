@@ -24,5 +24,8 @@ class CTRModel(nn.Module):
 
 def to_tensors(samples: np.ndarray):
     """Structured sample array -> (user, item, dense, label) tensors."""
+    # Fields of a packed structured array are strided views; copy each into its own buffer
+    # (ascontiguousarray keeps a 1-row view, whose 41-byte stride torch refuses).
     return (torch.from_numpy(samples["user"].astype(np.int64)), torch.from_numpy(samples["item"].astype(np.int64)),
-            torch.from_numpy(np.ascontiguousarray(samples["dense"])), torch.from_numpy(samples["label"].astype(np.float32)))
+            torch.from_numpy(samples["dense"].astype(np.float32, copy=True)),
+            torch.from_numpy(samples["label"].astype(np.float32)))

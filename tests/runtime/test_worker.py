@@ -170,3 +170,12 @@ def test_handover_starts_new_slices_where_the_old_ones_stopped(stream, tmp_path)
         Worker(stream, "g", slices_for(new, w), tmp_path / "ck2", worker_id=w, audit=audit).run(exit_when_idle=True)
     seen = audit_coverage(audit)
     assert set(seen[0]) == set(range(reached[0], 4000)) and max(seen[0].values()) == 1
+
+
+@pytest.mark.parametrize("n", [1, 2, 513])
+def test_any_batch_size_becomes_tensors(n):
+    from kale_airflow.runtime.model import CTRModel, to_tensors
+
+    user, item, dense, label = to_tensors(generate(n, 3))
+    assert dense.shape == (n, 8) and label.shape == (n,)
+    assert CTRModel()(user, item, dense).shape == (n,)
