@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from datetime import timedelta
 from dataclasses import dataclass, field
 
 from kale_airflow.runtime.backends import WorkerSpec
@@ -84,6 +85,10 @@ def pod_kwargs(cfg: KubernetesWorkerConfig) -> dict:
         on_finish_action="delete_pod",
         reattach_on_restart=True,
         get_logs=True,
+        # A killed or evicted worker pod fails its task; the retry starts a new pod, which
+        # restores the checkpoint and resumes from the committed offsets.
+        retries=3,
+        retry_delay=timedelta(seconds=30),
     )
 
 
