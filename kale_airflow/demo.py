@@ -211,8 +211,6 @@ class Demo:
 
     def simulated(self) -> dict:
         """What the simulator predicts for the same trace segment (its own cluster model)."""
-        from dataclasses import replace
-
         from kale_airflow.core.simulator import SimConfig, simulate
         from kale_airflow.core.traffic import BUNDLED_TRACE, load_trace
 
@@ -221,7 +219,7 @@ class Demo:
         hist = 14 * 48
         seg = trace.window(start - hist, start + len(self.trace_window))
         cfg = SimConfig(history_days=14, days=len(self.trace_window) / 48)
-        res = simulate(seg, ("kale", "hpa"), replace(cfg))
+        res = simulate(seg, ("kale", "hpa"), cfg)
         return {name: {k: run.metrics[k] for k in ("rescales", "slo_violation_rate", "mean_wait_s", "gpu_hours")}
                 for name, run in res.runs.items()} | {"trace_hours": len(self.trace_window) / 2}
 
