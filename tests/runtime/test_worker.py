@@ -83,13 +83,18 @@ def test_superseded_generation_stops_with_a_checkpoint(stream, tmp_path):
     assert out["steps"] == 1 and os.path.exists(out["checkpoint"])
 
 
-def wait_for_log(path, text, timeout=120):
+def wait_until(condition, what, timeout=120):
+    """Poll until ``condition()`` holds (a loaded CI machine may take seconds to start torch)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if path.exists() and text in path.read_text():
+        if condition():
             return
         time.sleep(0.2)
-    raise AssertionError(f"{text!r} never appeared in {path}")
+    raise AssertionError(f"{what} within {timeout}s")
+
+
+def wait_for_log(path, text, timeout=120):
+    wait_until(lambda: path.exists() and text in path.read_text(), f"{text!r} never appeared in {path}", timeout)
 
 
 def spec(tmp_path, stream_path, *extra):
@@ -106,20 +111,17 @@ def test_sigterm_checkpoints_and_exits_zero_then_restart_resumes(tmp_path):
     workers = LocalWorkers(spec(tmp_path, path, "--checkpoint-every", "1000000"), tmp_path / "logs")
     assignment = {"assignment": {"0": [["0", 1.0]]}}
     workers.start("g1", assignment)
-    wait_for_log(tmp_path / "logs" / "g1-worker-0.log", "restored from")
-    time.sleep(1.0)
+    group = "kale/p0:0.000000-1.000000"
+    wait_until(lambda: s.committed(group, 0) > 0, "the worker committed no step")
     assert workers.stop() == {0: 0}
     log = (tmp_path / "logs" / "g1-worker-0.log").read_text()
     assert "finishing the current step, then checkpointing" in log
-    done = s.committed("kale/p0:0.000000-1.000000", 0)
-    assert 0 < done
+    done = s.committed(group, 0)
     s.append(0, pack(generate(5000, 99)))  # new traffic while the worker was down
     workers.start("g1", assignment)
-    time.sleep(3.0)
+    wait_for_log(tmp_path / "logs" / "g1-worker-0.log", "restored worker-0.pt")
+    wait_until(lambda: s.committed(group, 0) > done, "the restarted worker committed nothing")
     workers.stop()
-    log = (tmp_path / "logs" / "g1-worker-0.log").read_text()
-    assert "restored worker-0.pt" in log
-    assert s.committed("kale/p0:0.000000-1.000000", 0) > done
 
 
 @pytest.mark.slow
@@ -139,10 +141,8 @@ def test_kill_9_mid_training_loses_no_sample_and_duplicates_at_most_one_batch(tm
     workers.wait()
     workers.procs.clear()
     workers.start("g1", json.loads(json.dumps(doc)))  # same generation: resume
-    deadline = time.time() + 120
-    while time.time() < deadline and any(s.lag(f"kale/{sl.group_suffix}")[sl.partition] for w in (0, 1)
-                                         for sl in slices_for(doc, w)):
-        time.sleep(0.5)
+    wait_until(lambda: not any(s.lag(f"kale/{sl.group_suffix}")[sl.partition] for w in (0, 1)
+                               for sl in slices_for(doc, w)), "the resumed workers did not drain the stream")
     workers.stop()
     seen = audit_coverage(audit)
     batch = 200  # --batch-size: per slice a step reads at most ceil(batch / slices / share) records

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -36,14 +37,15 @@ def serve(airflow_home, env_extra):
     env = airflow_home.env | env_extra
     proc = subprocess.Popen([str(Path(sys.executable).parent / "airflow"), "api-server", "--port", str(port)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while time.time() < deadline:
+    deadline = time.time() + 180
+    while time.time() < deadline:  # ready when its health endpoint answers, not when the port opens
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            time.sleep(2)
-            return proc, port
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc, port
         except OSError:
-            time.sleep(1)
+            pass
+        time.sleep(1)
     proc.kill()
     raise AssertionError("airflow api-server did not start")
 
