@@ -42,23 +42,27 @@ class WorkerSpec:
 
 
 class LocalWorkers:
-    """Workers as local processes; ``stop`` sends SIGTERM and waits for the checkpoint."""
+    """Workers as local processes, each under :mod:`~kale_airflow.runtime.supervise` (a worker
+    that dies is restarted from its checkpoint, like a pod's retries); ``stop`` sends SIGTERM
+    and waits for the checkpoint."""
 
-    def __init__(self, spec: WorkerSpec, log_dir: str | Path):
+    def __init__(self, spec: WorkerSpec, log_dir: str | Path, max_restarts: int = 3):
         self.spec = spec
+        self.max_restarts = max_restarts
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.procs: dict[int, subprocess.Popen] = {}
 
     def start(self, generation: str, assignment: dict) -> list[int]:
-        """Start one process per worker of the assignment; returns their pids."""
+        """Start one supervised process per worker of the assignment; returns the supervisors' pids."""
         workers = len(assignment.get("assignment", assignment))
         # Local workers share this machine's cores: split them instead of oversubscribing.
         threads = max(1, (os.cpu_count() or 1) // workers)
         env = os.environ | {"KALE_WORKER_THREADS": os.environ.get("KALE_WORKER_THREADS", str(threads))}
         for w in range(workers):
             cmd = self.spec.command(generation, w, workers, assignment)
-            cmd[0] = sys.executable
+            cmd = [sys.executable, "-m", "kale_airflow.runtime.supervise", "--max-restarts", str(self.max_restarts),
+                   "--", sys.executable, *cmd[1:]]
             out = open(self.log_dir / f"{generation}-worker-{w}.log", "ab")
             self.procs[w] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         return [p.pid for p in self.procs.values()]

@@ -1,11 +1,11 @@
 """The reference worker: learning, slices, checkpoint/restore, SIGTERM, kill -9, bad samples."""
 
-import json
 import os
-import signal
+import sys
 import time
 
 import numpy as np
+import psutil
 import pytest
 
 from kale_airflow.runtime.backends import LocalWorkers, WorkerSpec
@@ -125,7 +125,7 @@ def test_sigterm_checkpoints_and_exits_zero_then_restart_resumes(tmp_path):
 
 
 @pytest.mark.slow
-def test_kill_9_mid_training_loses_no_sample_and_duplicates_at_most_one_batch(tmp_path):
+def test_kill_9_mid_training_restarts_and_loses_no_sample_and_duplicates_at_most_one_batch(tmp_path):
     path = tmp_path / "s.db"
     s = EmbeddedStream(path, partitions=2)
     for p in range(2):
@@ -133,17 +133,21 @@ def test_kill_9_mid_training_loses_no_sample_and_duplicates_at_most_one_batch(tm
             s.append(p, pack(generate(1000, 100 * p + chunk)))
     audit = tmp_path / "audit.log"
     doc = {"assignment": {"0": [["0", 1.0], ["1", 0.5]], "1": [["1", 0.5]]}}
-    workers = LocalWorkers(spec(tmp_path, path, "--audit", str(audit), "--checkpoint-every", "5"), tmp_path / "logs")
+    # An emulated 50 ms GPU step keeps the workers busy for ~10 s, so the kill lands mid-training.
+    workers = LocalWorkers(spec(tmp_path, path, "--audit", str(audit), "--checkpoint-every", "5",
+                                "--step-time", "0.05"), tmp_path / "logs")
     workers.start("g1", doc)
-    time.sleep(3.0)
-    for proc in workers.procs.values():
-        os.kill(proc.pid, signal.SIGKILL)  # mid-training, no checkpoint on the way out
-    workers.wait()
-    workers.procs.clear()
-    workers.start("g1", json.loads(json.dumps(doc)))  # same generation: resume
-    wait_until(lambda: not any(s.lag(f"kale/{sl.group_suffix}")[sl.partition] for w in (0, 1)
-                               for sl in slices_for(doc, w)), "the resumed workers did not drain the stream")
+    groups = [(f"kale/{sl.group_suffix}", sl.partition) for w in (0, 1) for sl in slices_for(doc, w)]
+    wait_until(lambda: all(s.committed(g, p) > 0 for g, p in groups), "the workers did not start training")
+    for sup in workers.procs.values():  # the workers themselves, not their supervisors
+        for child in psutil.Process(sup.pid).children():
+            child.kill()  # SIGKILL mid-training: no checkpoint on the way out
+    assert any(s.lag(g)[p] for g, p in groups), "the workers finished before the kill"
+    # Nobody restarts them by hand: their supervisors do, and they resume from checkpoints.
+    wait_until(lambda: not any(s.lag(g)[p] for g, p in groups), "the restarted workers did not drain the stream")
     workers.stop()
+    for w in (0, 1):
+        assert "ended with signal SIGKILL; restart 1/3" in (tmp_path / "logs" / f"g1-worker-{w}.log").read_text()
     seen = audit_coverage(audit)
     batch = 200  # --batch-size: per slice a step reads at most ceil(batch / slices / share) records
     for p in range(2):
@@ -151,6 +155,18 @@ def test_kill_9_mid_training_loses_no_sample_and_duplicates_at_most_one_batch(tm
         assert set(trained) == set(range(30_000)), f"partition {p}: samples lost"
         dups = sum(c - 1 for c in trained.values())
         assert dups <= 2 * 2 * batch  # at most one uncommitted batch per slice (2 slices per partition at most)
+
+
+def test_supervisor_gives_up_on_a_crash_loop_and_passes_exit_code_0_through(capfd):
+    from kale_airflow.runtime.supervise import main
+
+    assert main(["--max-restarts", "2", "--backoff", "0", "--", sys.executable, "-c", "import sys; sys.exit(3)"]) == 3
+    out = capfd.readouterr().out
+    assert out.count("restart") == 2 and "exit code 3, 3 failures in a row: giving up" in out
+    assert main(["--", sys.executable, "-c", "pass"]) == 0
+    assert "restart" not in capfd.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--max-restarts", "1"])  # no command
 
 
 def test_handover_starts_new_slices_where_the_old_ones_stopped(stream, tmp_path):
