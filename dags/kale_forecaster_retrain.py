@@ -38,6 +38,9 @@ Schedule: Airflow Variable `kale_forecaster_retrain_schedule` (default `@daily`)
         "horizon_minutes": Param(60, type="number", minimum=1, description="how far ahead the forecast is judged"),
         "test_days": Param(1, type="number", minimum=0.1, description="most recent days held out for the backtest"),
         "forecaster": Param("neuralprophet", type="string", enum=["neuralprophet", "seasonal"]),
+        "forecaster_options": Param({}, type="object",
+                                    description="constructor options of the forecaster, e.g. {\"epochs\": 20}; "
+                                                "logged as option.* params"),
         "auto_promote": Param(False, type="boolean", description="promote a winning challenger without review"),
     },
 )
@@ -61,7 +64,8 @@ def kale_forecaster_retrain():
         from kale_airflow.registry.workflows import train_and_backtest
 
         return train_and_backtest(settings(), get_current_context()["run_id"], extracted["path"],
-                                  params["forecaster"], float(params["horizon_minutes"]), float(params["test_days"]))
+                                  params["forecaster"], float(params["horizon_minutes"]), float(params["test_days"]),
+                                  params["forecaster_options"])
 
     @task(doc_md="Log params, metrics, backtest plot, window and data hash; register with alias `challenger`.")
     def register(summary: dict) -> dict:

@@ -15,6 +15,7 @@ step after the last history timestamp.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
 from typing import Callable, Protocol, runtime_checkable
@@ -253,4 +254,9 @@ def get_forecaster(name: str, **kwargs) -> Forecaster:
     if isinstance(factory, str):
         module, _, attr = factory.partition(":")
         factory = getattr(importlib.import_module(module), attr)
-    return factory(**kwargs)
+    try:
+        return factory(**kwargs)
+    except TypeError as exc:
+        fields = [f.name for f in dataclasses.fields(factory)] if dataclasses.is_dataclass(factory) else []
+        raise ForecastError(f"bad options {kwargs} for forecaster {name!r} ({exc}); "
+                            f"it accepts {fields or 'no options'}") from None

@@ -60,8 +60,9 @@ def validate_traffic(path: str, horizon_minutes: float) -> dict:
 
 
 def train_and_backtest(settings: Settings, run_id: str, path: str, forecaster: str, horizon_minutes: float,
-                       test_days: float) -> dict:
-    """Train the challenger before the test window, backtest it and the champion on that window."""
+                       test_days: float, options: dict | None = None) -> dict:
+    """Train the challenger (``forecaster`` built with ``options``) before the test window;
+    backtest it and the champion on that window."""
     from kale_airflow.forecasting.persist import save_forecaster
     from kale_airflow.plotting import plot_backtest
     from kale_airflow.registry.mlflow_registry import FORECASTER_MODEL, current_version, load_champion, mlflow_at
@@ -70,7 +71,7 @@ def train_and_backtest(settings: Settings, run_id: str, path: str, forecaster: s
     series = trace.series
     horizon = max(1, int(round(horizon_minutes * 60 / trace.step_s)))
     cut, start = split(series, horizon, test_days)
-    model = get_forecaster(forecaster)
+    model = get_forecaster(forecaster, **(options or {}))
     t0 = time.perf_counter()
     model.fit(series.iloc[start:cut])
     fit_seconds = time.perf_counter() - t0
@@ -97,6 +98,7 @@ def train_and_backtest(settings: Settings, run_id: str, path: str, forecaster: s
         "train_end": str(series.index[cut - 1]),
         "data_hash": _hash(series.iloc[start:cut]),
         "forecaster": forecaster,
+        "options": options or {},
         "horizon_steps": horizon,
         "quantile_columns": [quantile_column(q) for q in model.quantiles],
     }
@@ -114,7 +116,8 @@ def register_forecaster(settings: Settings, run_id: str, summary: dict) -> dict:
         with mlflow.start_run(run_name=f"forecaster-{run_id}") as run:
             mlflow.log_params({"forecaster": summary["forecaster"], "horizon_steps": summary["horizon_steps"],
                                "train_start": summary["train_start"], "train_end": summary["train_end"],
-                               "data_hash": summary["data_hash"], "airflow_run_id": run_id})
+                               "data_hash": summary["data_hash"], "airflow_run_id": run_id}
+                              | {f"option.{k}": v for k, v in summary.get("options", {}).items()})
             mlflow.log_metrics({k: v for k, v in summary["metrics"].items() if isinstance(v, (int, float))})
             mlflow.log_artifact(summary["plot"])
             mlflow.pyfunc.log_model(name="model", python_model=ForecasterModel(),

@@ -20,6 +20,7 @@ def alias_version(uri, name, alias):
 
 def test_forecaster_retrain_registers_promotes_then_holds_for_review(airflow_home):
     run = airflow_home.run("kale_forecaster_retrain", {"forecaster": "seasonal", "history_days": 7,
+                                                       "forecaster_options": {"level_window_s": 7200},
                                                        "auto_promote": True})
     assert run.state == "success", run.log[-3000:]
     uri = airflow_home.mlflow_uri
@@ -29,6 +30,7 @@ def test_forecaster_retrain_registers_promotes_then_holds_for_review(airflow_hom
     assert v1.tags["kale.review"] == "promoted"
     run_data = client.get_run(v1.run_id).data
     assert {"train_start", "train_end", "data_hash"} <= set(run_data.params)
+    assert run_data.params["option.level_window_s"] == "7200"
     assert "mase" in run_data.metrics and "coverage" in run_data.metrics
     assert "backtest.png" in {a.path for a in client.list_artifacts(v1.run_id)}
 
@@ -52,6 +54,17 @@ def test_forecaster_retrain_registers_promotes_then_holds_for_review(airflow_hom
                         params={"horizon": 2})
     assert list(out.columns) == ["timestamp", "mean", "q50", "q80", "q90"]
     assert pd.Timestamp(out["timestamp"].iloc[0]) == hist.index[-1] + pd.Timedelta(minutes=30)
+    champion = mlflow.pyfunc.load_model(f"models:/{FORECASTER_MODEL}@champion").unwrap_python_model()
+    assert champion.forecaster.level_window_s == 7200  # the options travel with the registered model
+
+
+def test_unknown_forecaster_option_fails_training_naming_the_accepted_ones(airflow_home):
+    run = airflow_home.run("kale_forecaster_retrain", {"forecaster": "seasonal", "history_days": 7,
+                                                       "forecaster_options": {"level_window": 60}})
+    assert run.state == "failed" and run.tasks["train_backtest"] == "failed"
+    assert "bad options {'level_window': 60} for forecaster 'seasonal'" in run.log
+    assert "level_window_s" in run.log  # among the accepted options
+    assert alias_version(airflow_home.mlflow_uri, FORECASTER_MODEL, "challenger") is None
 
 
 def test_throughput_refit_registers_and_promotes(airflow_home):

@@ -103,6 +103,15 @@ def slo_at_risk(freshness_lag_s: float | None, cfg: KaleConfig) -> bool:
     return freshness_lag_s is not None and freshness_lag_s > cfg.slo_risk_fraction * cfg.slo_s
 
 
+def duration(seconds: float) -> str:
+    """'45 s', '15 min' or '2 h' for decision messages."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:g} h"
+
+
 def held_for(since: float | None, now: float, window_s: float) -> bool:
     """Stages 3-4: a condition that began at ``since`` has lasted the whole window."""
     return since is not None and now - since >= window_s - 1e-9
@@ -471,8 +480,8 @@ class KalePolicy:
                                 f"scale up now {current} -> {level}", details)
             if held_for(self._up_since, now, cfg.up_window_s):
                 return Decision(level, Reason.SCALE_UP_FORECAST,
-                                f"{source} needs {need} workers within {cfg.lookahead_s / 60:.0f} min "
-                                f"(> {current}); scale to {level} for the next {2 * cfg.lookahead_s / 60:.0f} min",
+                                f"{source} needs {need} workers within {duration(cfg.lookahead_s)} "
+                                f"(> {current}); scale to {level} for the next {duration(2 * cfg.lookahead_s)}",
                                 details)
             return Decision(current, Reason.HOLD_STABILIZING,
                             f"need {need} > {current}; waiting until it holds {cfg.up_window_s:.0f}s", details)
@@ -487,7 +496,7 @@ class KalePolicy:
                             f"level {target} is within {cfg.down_tolerance:.0%} of {current}", details)
         if not held_for(self._count_since, now, cfg.down_window_s):
             return Decision(current, Reason.HOLD_STABILIZING,
-                            f"level {target} < {current}, but {current} has run < {cfg.down_window_s / 60:.0f} min",
+                            f"level {target} < {current}, but {current} has run < {duration(cfg.down_window_s)}",
                             details)
         worth, saved, cost = scale_down_worth_it(current, target, cfg)
         if not worth:
@@ -495,7 +504,7 @@ class KalePolicy:
                             f"saving {saved / 3600:.2f} GPU-h does not beat downtime cost {cost / 3600:.2f} GPU-h",
                             details)
         return Decision(target, Reason.SCALE_DOWN_FORECAST,
-                        f"level {target} held for {cfg.down_window_s / 60:.0f} min; saves {saved / 3600:.2f} GPU-h "
+                        f"level {target} held for {duration(cfg.down_window_s)}; saves {saved / 3600:.2f} GPU-h "
                         f"over {cost / 3600:.2f} GPU-h downtime cost", details)
 
 
