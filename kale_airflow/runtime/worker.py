@@ -92,7 +92,10 @@ def handover(stream, group: str, previous: dict | None, assignment: dict) -> dic
     Slice boundaries change between generations, and commits are kept per slice. A new
     slice starts at the lowest position reached by the previous slices *whose ranges
     overlap it* (only they held its offsets), so no sample is skipped and little is
-    re-read; a slice that already has a commit keeps it. Returns {group key: offset}."""
+    re-read. A slice whose range existed in an older generation (4 -> 6 -> 4 workers)
+    still has that generation's stale commit; the later of the two positions wins (the
+    offsets below either were trained), and a commit is never moved back, so running the
+    handover again is harmless. Returns {group key: new offset} for the moved commits."""
     old: dict[int, list[tuple[float, float, int]]] = {}
     if previous:
         for w in previous.get("assignment", previous):
@@ -104,11 +107,10 @@ def handover(stream, group: str, previous: dict | None, assignment: dict) -> dic
         for sl in slices_for(assignment, int(w)):
             key = f"{group}/{sl.group_suffix}"
             overlapping = [pos for lo, hi, pos in old.get(sl.partition, []) if lo < sl.hi and sl.lo < hi]
-            if stream.committed(key, sl.partition) == 0 and overlapping:
-                start = min(overlapping)
-                if start:
-                    stream.commit(key, {sl.partition: start})
-                out[key] = start
+            current = stream.committed(key, sl.partition)
+            if overlapping and min(overlapping) > current:
+                out[key] = min(overlapping)
+                stream.commit(key, {sl.partition: out[key]})
     return out
 
 

@@ -186,6 +186,10 @@ def test_handover_starts_new_slices_where_the_old_ones_stopped(stream, tmp_path)
         Worker(stream, "g", slices_for(new, w), tmp_path / "ck2", worker_id=w, audit=audit).run(exit_when_idle=True)
     seen = audit_coverage(audit)
     assert set(seen[0]) == set(range(reached[0], 4000)) and max(seen[0].values()) == 1
+    # Back to the first layout: its whole-partition slice of p0 still has the stale commit
+    # of the first generation; it must start where the second one stopped, not re-read.
+    assert handover(stream, "g", new, old) == {"g/p0:0.000000-1.000000": 4000}
+    assert handover(stream, "g", new, old) == {}  # idempotent: nothing moves twice
 
 
 @pytest.mark.parametrize("n", [1, 2, 513])
