@@ -14,9 +14,9 @@ DOC = """
 Triggered by `kale_autoscaler` with `{workers, generation}` (or by hand).
 
 1. **rebalance** (`RebalanceShardsOperator`): assigns stream partitions to the workers,
-   balanced and sticky (hot partitions sliced); idempotent per generation.
-   **handover_offsets**: new slices start where the previous generation's slices of the
-   same partition stopped (no sample skipped).
+   balanced and sticky (hot partitions sliced); new slices start where the previous
+   generation's slices of the same partition stopped (no sample skipped, committed before
+   the assignment is published); idempotent per generation.
 2. **backend**: the configured `worker_backend` picks the path; the DAG is the same.
    - `local` (embedded default): **start_local_workers** launches one worker process per
      index; they train until a newer generation supersedes them.
@@ -39,22 +39,6 @@ Triggered by `kale_autoscaler` with `{workers, generation}` (or by hand).
 def kale_training():
     rebalance = RebalanceShardsOperator(task_id="rebalance", workers="{{ params.workers }}",
                                         generation="{{ params.generation }}")
-
-    @task(doc_md="Commit start offsets for the new slices where the previous generation stopped.")
-    def handover_offsets(summary: dict) -> int:
-        from kale_airflow.config import settings
-        from kale_airflow.deployment import load_deployment
-        from kale_airflow.runtime.worker import handover
-        from kale_airflow.state import StateStore
-        from kale_airflow.stream import open_stream
-
-        cfg = settings()
-        dep = load_deployment(cfg)
-        store = StateStore(cfg.home / "state.db")
-        doc = store.get("default", summary["generation"])
-        prev = store.latest("default", before=summary["generation"])
-        starts = handover(open_stream(dep.stream_url), dep.group, prev[1] if prev else None, doc)
-        return len(starts)
 
     @task.branch(doc_md="Pick the worker backend from the deployment configuration.")
     def backend() -> str:
@@ -97,7 +81,7 @@ def kale_training():
     choice = backend()
     local = start_local_workers(summary)
     args = worker_args(summary)
-    rebalance >> handover_offsets(summary) >> choice >> [local, args]
+    rebalance >> choice >> [local, args]
     _worker_pods(args)
 
 

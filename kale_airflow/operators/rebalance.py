@@ -13,7 +13,10 @@ class RebalanceShardsOperator(BaseOperator):
     Reads the partitions' current rates from the stream (or, without one, the metrics
     source) and the previous generation's
     assignment from the state store, calls the core rebalancer (sticky, balanced, slicing
-    hot partitions unless ``split=False``) and stores the result under the generation.
+    hot partitions unless ``split=False``), commits the new slices' start offsets where the
+    previous generation's slices stopped (:func:`~kale_airflow.runtime.worker.handover`),
+    and only then stores the result under the generation: whoever reads the assignment
+    (workers, the autoscaler's backlog) finds its offsets in place.
     Idempotent: re-running for a generation that already has an assignment returns it
     unchanged. Logs imbalance, what moved and why. Returns a small summary (XCom).
     """
@@ -32,10 +35,14 @@ class RebalanceShardsOperator(BaseOperator):
     def execute(self, context) -> dict:
         from kale_airflow.config import settings
         from kale_airflow.core.rebalance import RebalanceOptions, assign
+        from kale_airflow.deployment import load_deployment
         from kale_airflow.metrics.embedded import open_metrics
+        from kale_airflow.runtime.worker import handover
         from kale_airflow.state import StateStore
+        from kale_airflow.stream import open_stream
 
         cfg = settings()
+        dep = load_deployment(cfg)
         workers = int(self.workers)
         generation = str(self.generation or context["run_id"])
         store = StateStore(cfg.home / "state.db")
@@ -48,26 +55,27 @@ class RebalanceShardsOperator(BaseOperator):
                 )
             self.log.info("generation %s already assigned (%d workers): nothing to do", generation, workers)
             return self._summary(generation, existing, reused=True)
-        rates = self._stream_rates(cfg) or open_metrics(cfg.metrics_source, cfg.metrics_db).partition_rates()
+        stream = open_stream(dep.stream_url)
+        rates = self._stream_rates(stream) or open_metrics(cfg.metrics_source, cfg.metrics_db).partition_rates()
         prev = store.latest(self.assignment_name, before=generation)
         previous = prev[1] if prev else None
         previous_doc = {"assignment": previous["assignment"]} if previous else None
         result = assign(rates, workers, previous_doc, RebalanceOptions(split=self.split))
         doc = result.to_dict(split=self.split)
         self._log_moves(prev, doc, result)
+        if previous_doc and stream.partitions():
+            starts = handover(stream, dep.group, previous_doc, doc)
+            self.log.info("handover: %d slice(s) start where the previous generation's slices stopped: %s",
+                          len(starts), ", ".join(f"{k}@{v}" for k, v in sorted(starts.items())[:20]))
         if not store.put(self.assignment_name, generation, workers, doc):  # a concurrent run won: use its result
             doc = store.get(self.assignment_name, generation)
         return self._summary(generation, doc, reused=False)
 
-    def _stream_rates(self, cfg, window_s: float = 300.0) -> dict[str, float] | None:
-        """Samples/s per partition over the last ``window_s`` from the configured stream
-        (every partition, idle ones included); None when the stream has no partitions."""
+    def _stream_rates(self, stream, window_s: float = 300.0) -> dict[str, float] | None:
+        """Samples/s per partition over the last ``window_s`` from the stream (every
+        partition, idle ones included); None when the stream has no partitions."""
         import time
 
-        from kale_airflow.deployment import load_deployment
-        from kale_airflow.stream import open_stream
-
-        stream = open_stream(load_deployment(cfg).stream_url)
         parts = stream.partitions()
         if not parts:
             return None

@@ -58,3 +58,28 @@ def test_assigns_each_generation_sticky_and_idempotent(airflow_home, dag_folder)
     r4 = airflow_home.run("rebalance_probe", {"workers": 6, "generation": "g2"}, dags=dag_folder)
     assert r4.state == "failed" and "start a new generation" in r4.log
     assert json.dumps(store.get("default", "g2")) == json.dumps(g2)
+
+
+def test_new_slices_have_their_start_offsets_before_the_assignment_is_published(airflow_home, dag_folder):
+    from kale_airflow.runtime.worker import slices_for
+    from kale_airflow.stream.embedded import EmbeddedStream
+
+    stream = EmbeddedStream(airflow_home.kale_home / "stream.db", partitions=3)
+    for p, n in ((0, 3000), (1, 200), (2, 100)):  # partition 0 is hot: it gets sliced
+        stream.append(p, [b"x"] * n)
+    r1 = airflow_home.run("rebalance_probe", {"workers": 2, "generation": "g1"}, dags=dag_folder)
+    assert r1.state == "success", r1.log[-3000:]
+    store = StateStore(airflow_home.kale_home / "state.db")
+    g1 = store.get("default", "g1")
+    for w in g1["assignment"]:  # the first generation trains everything so far
+        for sl in slices_for(g1, int(w)):
+            stream.commit(f"kale/{sl.group_suffix}", {sl.partition: stream.end_offsets()[sl.partition]})
+
+    r2 = airflow_home.run("rebalance_probe", {"workers": 3, "generation": "g2"}, dags=dag_folder)
+    assert r2.state == "success", r2.log[-3000:]
+    g2 = store.get("default", "g2")
+    ends = stream.end_offsets()
+    for w in g2["assignment"]:  # no slice of the new generation would re-read what g1 trained
+        for sl in slices_for(g2, int(w)):
+            assert stream.committed(f"kale/{sl.group_suffix}", sl.partition) == ends[sl.partition], sl
+    assert "handover:" in r2.log
