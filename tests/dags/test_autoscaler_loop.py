@@ -46,7 +46,10 @@ def live(airflow_home):
     rate = home / "rate.txt"
     rate.write_text("2500")
     # Champions: the seasonal forecaster and the throughput model of the profiled cluster (1,000 samples/s/worker).
+    # Seconds stand for hours here, so the forecaster's fallback level spans the 10 s look-ahead, not an hour
+    # (which would average the whole test, the jump included).
     for dag_id, conf in (("kale_forecaster_retrain", {"forecaster": "seasonal", "history_days": 3,
+                                                      "forecaster_options": {"level_window_s": 10},
                                                       "auto_promote": True}),
                          ("kale_throughput_refit", {})):
         run = airflow_home.run(dag_id, conf)
@@ -86,7 +89,9 @@ def test_jump_scales_up_and_drop_scales_down_only_after_stabilization(live):
     assert store.get("default", first["generation"])["workers"] == first["workers"]
     assert "start_local_workers" in train.tasks and train.tasks["worker_pods"] != "success"
 
-    set_rate(rate, 5000)  # traffic jump
+    # Traffic jump twice what max_workers (6) absorb: the scale-up goes straight to 6 however
+    # noisy the measured rate is, so any later change can only be a scale-down.
+    set_rate(rate, 12000)
     time.sleep(2)
     run = home.run("kale_autoscaler", {"poll_interval_s": 1, "max_polls": 30})
     assert run.state == "success", run.log[-3000:]
@@ -94,7 +99,7 @@ def test_jump_scales_up_and_drop_scales_down_only_after_stabilization(live):
     assert up["reason"] in ("scale_up_forecast", "scale_up_slo_risk") and up["target"] > first["workers"], up
     assert any(d["reason"] == "hold_stabilizing" for d in decisions(home)), "scaled up without stabilizing"
     second = store.current()
-    assert second["workers"] == up["target"]
+    assert second["workers"] == up["target"] == 6
     train = home.run("kale_training", {"workers": second["workers"], "generation": second["generation"]})
     assert train.state == "success", train.log[-3000:]
     assert "moved" in train.log  # the rebalancer logged what moved from the first generation
