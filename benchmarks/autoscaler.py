@@ -38,7 +38,6 @@ def main() -> int:
 
         from kale_airflow.config import settings
         from kale_airflow.core.rebalance import assign
-        from kale_airflow.deployment import load_deployment
         from kale_airflow.hooks.autoscaler import Autoscaler
         from kale_airflow.registry import workflows
         from kale_airflow.registry.mlflow_registry import (
@@ -67,7 +66,7 @@ def main() -> int:
         doc = assign({str(p): 1.0 for p in range(8)}, 4).to_dict()
         store.put("default", "g1", 4, doc)
         store.set_current_generation("g1", 4)
-        auto = Autoscaler(cfg, load_deployment(cfg))
+        auto = Autoscaler.from_environment()
         auto.poke(now)  # warm: models loaded, state created
         lat = []
         for i in range(args.pokes):

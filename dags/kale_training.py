@@ -49,14 +49,9 @@ def kale_training():
 
     @task(doc_md="Start local worker processes (embedded default); they outlive this task.")
     def start_local_workers(summary: dict) -> list[int]:
-        from kale_airflow.config import settings
-        from kale_airflow.deployment import load_deployment
         from kale_airflow.runtime.backends import LocalWorkers, WorkerSpec
-        from kale_airflow.state import StateStore
 
-        cfg = settings()
-        dep = load_deployment(cfg)
-        doc = StateStore(cfg.home / "state.db").get("default", summary["generation"])
+        cfg, dep, doc = _generation(summary)
         spec = WorkerSpec(dep.stream_url, str(cfg.home / "checkpoints"), dep.group, str(cfg.metrics_db),
                           str(cfg.home / "state.db"), dep.worker_batch_size,
                           ["--step-time", str(dep.worker_step_time_s)] if dep.worker_step_time_s else [])
@@ -64,15 +59,10 @@ def kale_training():
 
     @task(doc_md="Worker command lines for the pods, one per worker.")
     def worker_args(summary: dict) -> list[list[str]]:
-        from kale_airflow.config import settings
-        from kale_airflow.deployment import load_deployment
         from kale_airflow.runtime.backends import WorkerSpec
         from kale_airflow.runtime.kubernetes import CHECKPOINT_MOUNT
-        from kale_airflow.state import StateStore
 
-        cfg = settings()
-        dep = load_deployment(cfg)
-        doc = StateStore(cfg.home / "state.db").get("default", summary["generation"])
+        _, dep, doc = _generation(summary)
         spec = WorkerSpec(dep.stream_url, CHECKPOINT_MOUNT, dep.group, batch_size=dep.worker_batch_size)
         n = summary["workers"]
         return [spec.command(summary["generation"], w, n, {"assignment": doc["assignment"]})[1:] for w in range(n)]
@@ -83,6 +73,16 @@ def kale_training():
     args = worker_args(summary)
     rebalance >> choice >> [local, args]
     _worker_pods(args)
+
+
+def _generation(summary: dict):
+    """(settings, deployment, assignment document) of the generation ``rebalance`` assigned."""
+    from kale_airflow.config import settings
+    from kale_airflow.deployment import load_deployment
+    from kale_airflow.state import StateStore
+
+    cfg = settings()
+    return cfg, load_deployment(cfg), StateStore(cfg.home / "state.db").get("default", summary["generation"])
 
 
 def _worker_pods(args):

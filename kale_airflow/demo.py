@@ -136,12 +136,10 @@ class Demo:
 
     # --------------------------------------------------------------- watching
     def watch(self) -> None:
-        from kale_airflow.config import settings
-        from kale_airflow.deployment import load_deployment
         from kale_airflow.hooks.autoscaler import Autoscaler
 
         os.environ["KALE_HOME"] = str(self.kale_home)
-        auto = Autoscaler(settings(), load_deployment(settings()))
+        auto = Autoscaler.from_environment()
         while not self._stop.is_set():
             obs = auto.observe(time.time())
             self.samples.append({"t": time.time(), "rate": obs.arrival_rate, "backlog": obs.backlog,

@@ -41,6 +41,15 @@ class Autoscaler:
         self.versions: tuple[str, str] | None = None
         self.model_error: str | None = None
 
+    @classmethod
+    def from_environment(cls) -> "Autoscaler":
+        """The autoscaler of ``$KALE_HOME`` and its validated deployment configuration."""
+        from kale_airflow.config import settings
+        from kale_airflow.deployment import load_deployment
+
+        cfg = settings()
+        return cls(cfg, load_deployment(cfg))
+
     # ----------------------------------------------------------------- models
     def _champions(self):
         from kale_airflow.registry.mlflow_registry import (
@@ -85,10 +94,11 @@ class Autoscaler:
                 backlog, fresh = self._backlog(cur["assignment"], now)
         except Exception as exc:  # noqa: BLE001 - a metrics outage must not crash the sensor
             log.warning("stream metrics unavailable (%s): holding, never scaling down", exc)
-        obs = self.metrics.throughput_observations()
-        recent = obs[(obs["ts"] > now - 120) & (obs["workers"] == workers)] if workers else obs.iloc[0:0]
-        if len(recent):
-            tput = float(recent["rate"].median())
+        if workers:  # the hot path: read only the last two minutes, not the whole history
+            recent = self.metrics.throughput_observations(since=now - 120)
+            recent = recent[recent["workers"] == workers]
+            if len(recent):
+                tput = float(recent["rate"].median())
         rescaling = bool(cur and cur["created"] and now - cur["created"] < self.dep.rescale_downtime_s)
         return Observation(now, workers, rate, backlog, fresh, None, tput, rescaling, self._ready(workers))
 

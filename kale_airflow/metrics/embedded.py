@@ -24,6 +24,7 @@ from kale_airflow.core.traffic import BUNDLED_TRACE, load_trace
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS traffic (ts INTEGER PRIMARY KEY, value REAL);
 CREATE TABLE IF NOT EXISTS throughput (ts REAL, workers INTEGER NOT NULL, rate REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS throughput_ts ON throughput (ts);
 CREATE TABLE IF NOT EXISTS partition_rates (ts REAL NOT NULL, partition TEXT NOT NULL, rate REAL NOT NULL);
 """
 SEED_PARTITIONS, SEED_SKEW = 64, 0.8
@@ -120,10 +121,11 @@ class EmbeddedMetrics:
         with closing(self._conn()) as c, c:
             c.execute("DELETE FROM throughput")
 
-    def throughput_observations(self) -> pd.DataFrame:
-        """All (ts, workers, rate) observations."""
+    def throughput_observations(self, since: float | None = None) -> pd.DataFrame:
+        """(ts, workers, rate) observations, all or those after ``since`` (epoch seconds)."""
         with closing(self._conn()) as c:
-            rows = c.execute("SELECT ts, workers, rate FROM throughput ORDER BY ts").fetchall()
+            rows = c.execute("SELECT ts, workers, rate FROM throughput WHERE ts > ? ORDER BY ts",
+                             (float("-inf") if since is None else since,)).fetchall()
         return pd.DataFrame(rows, columns=["ts", "workers", "rate"])
 
 

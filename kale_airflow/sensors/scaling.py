@@ -33,12 +33,9 @@ class ScalingSensor(BaseSensorOperator):
 
     def poke(self, context) -> PokeReturnValue:
         if self._autoscaler is None:
-            from kale_airflow.config import settings
-            from kale_airflow.deployment import load_deployment
             from kale_airflow.hooks.autoscaler import Autoscaler
 
-            cfg = settings()
-            self._autoscaler = Autoscaler(cfg, load_deployment(cfg))
+            self._autoscaler = Autoscaler.from_environment()
         decision, obs = self._autoscaler.poke()
         done = decision.workers != obs.workers
         return PokeReturnValue(done, {"status": "scale" if done else "hold", "current": obs.workers,

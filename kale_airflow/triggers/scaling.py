@@ -24,12 +24,9 @@ class ScalingTrigger(BaseTrigger):
                 {"poll_interval_s": self.poll_interval_s, "max_polls": self.max_polls})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from kale_airflow.config import settings
-        from kale_airflow.deployment import load_deployment
         from kale_airflow.hooks.autoscaler import Autoscaler
 
-        cfg = settings()
-        autoscaler = await asyncio.to_thread(Autoscaler, cfg, load_deployment(cfg))
+        autoscaler = await asyncio.to_thread(Autoscaler.from_environment)
         decision = obs = None
         for i in range(self.max_polls):
             decision, obs = await asyncio.to_thread(autoscaler.poke)
