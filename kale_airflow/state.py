@@ -16,7 +16,9 @@ CREATE TABLE IF NOT EXISTS assignments (
 CREATE TABLE IF NOT EXISTS control (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS decisions (ts REAL NOT NULL, workers INTEGER, target INTEGER NOT NULL,
     reason TEXT NOT NULL, message TEXT NOT NULL, details TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS decisions_ts ON decisions (ts);
 """
+UPSERT = "INSERT INTO control (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 
 
 class StateStore:
@@ -50,16 +52,13 @@ class StateStore:
     def set_current_generation(self, generation: str, workers: int | None = None) -> None:
         """Name the generation that should be training (and its size); workers of others stop."""
         with closing(self._conn()) as c, c:
-            c.execute("INSERT INTO control (key, value) VALUES ('generation', ?) "
-                      "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (generation,))
-            c.execute("INSERT INTO control (key, value) VALUES ('generation_meta', ?) ON CONFLICT (key) DO UPDATE "
-                      "SET value = excluded.value", (json.dumps({"workers": workers, "since": time.time()}),))
+            c.execute(UPSERT, ("generation", generation))
+            c.execute(UPSERT, ("generation_meta", json.dumps({"workers": workers, "since": time.time()})))
 
     def set_value(self, key: str, value: dict) -> None:
         """Store a JSON value under a key (autoscaler state, applied decisions)."""
         with closing(self._conn()) as c, c:
-            c.execute("INSERT INTO control (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET "
-                      "value = excluded.value", (key, json.dumps(value)))
+            c.execute(UPSERT, (key, json.dumps(value)))
 
     def get_value(self, key: str) -> dict | None:
         """Inverse of :meth:`set_value`."""

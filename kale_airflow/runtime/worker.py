@@ -140,7 +140,6 @@ class Worker:
         self.steps = 0
         self.trained = 0
         self.malformed = 0
-        self.stop_requested = False
         self.positions = {s: stream.committed(self._group(s), s.partition) for s in slices}
         self.restored_from: str | None = self.restore()
 
@@ -260,7 +259,7 @@ class Worker:
         """Train until stopped (SIGTERM, superseded, ``max_steps``, or idle when asked)."""
         last_report = time.monotonic()
         starved = False
-        while not (self.stop_requested or _signalled):
+        while not _signalled:
             n = self.step()
             if n == 0:
                 starved = True
