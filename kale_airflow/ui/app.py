@@ -21,13 +21,18 @@ app = FastAPI(title="Kale", description="Kale autoscaler: forecasts, workers and
               dependencies=[Depends(get_user)])
 
 
-def _state(limit: int = 500) -> dict:
+def _store():
     from kale_airflow.config import settings
     from kale_airflow.state import StateStore
 
-    cfg = settings()
-    store = StateStore(cfg.home / "state.db")
-    return {"decisions": store.decisions(limit), "current": store.current(), "models": _models(cfg)}
+    return StateStore(settings().home / "state.db")
+
+
+def _state(limit: int = 500) -> dict:
+    from kale_airflow.config import settings
+
+    store = _store()
+    return {"decisions": store.decisions(limit), "current": store.current(), "models": _models(settings())}
 
 
 def _models(cfg) -> list[dict]:
@@ -69,7 +74,7 @@ def plot() -> Response:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ds = _state(2000)["decisions"]
+    ds = _store().decisions(2000)  # the state store only: no MLflow round trip for the image
     fig, ax = plt.subplots(2, 1, figsize=(11, 6), sharex=True, constrained_layout=True)
     if ds:
         t0 = ds[-1]["ts"]
