@@ -25,6 +25,7 @@ import yaml
 
 DAGS = Path(__file__).resolve().parent.parent / "dags"
 LOOKAHEAD_S = 60.0  # the demo's look-ahead: one minute of wall time, 90 minutes of trace time
+SLO_S = 60  # freshness SLO of the demo (wall seconds)
 RUN_DAG = r"""
 import json, sys
 from airflow.dag_processing.dagbag import DagBag
@@ -66,7 +67,7 @@ class Demo:
         per_worker = self.batch / self.step_time_s
         (self.kale_home / "kale.yaml").write_text(yaml.safe_dump({
             "min_workers": 1, "max_workers": self.max_workers, "partitions": 16, "poll_interval_s": 2,
-            "bin_s": 30, "slo_s": 60, "rescale_downtime_s": 8, "worker_batch_size": self.batch,
+            "bin_s": 30, "slo_s": SLO_S, "rescale_downtime_s": 8, "worker_batch_size": self.batch,
             "worker_step_time_s": self.step_time_s,
             # Demo-sized windows: minutes of wall time stand for hours of trace time.
             "kale": {"lookahead_s": LOOKAHEAD_S, "up_window_s": 4, "down_window_s": 30, "recent_window_s": 20,
@@ -199,8 +200,8 @@ class Demo:
             "samples_arrived": float((df["rate"] * dt).sum()),
             "accumulated_lag": float((backlog * dt).sum()),
             "mean_wait_s": float((backlog * dt).sum() / max(1.0, (df["rate"] * dt).sum())),
-            "slo_s": 60,
-            "slo_violation_rate": float((fresh > 60).mean()),
+            "slo_s": SLO_S,
+            "slo_violation_rate": float((fresh > SLO_S).mean()),
             "rescales": len(changes),
             "worker_hours": float((df["workers"] * dt).sum() / 3600),
             "max_workers_used": int(df["workers"].max()),
@@ -229,6 +230,8 @@ class Demo:
     def plot(self, df: pd.DataFrame) -> None:
         import matplotlib
 
+        from kale_airflow.plotting import save_figure
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
@@ -241,12 +244,11 @@ class Demo:
         ax[1].step(t, df["workers"], where="post", color="tab:green")
         ax[1].set_ylabel("workers")
         ax[2].plot(t, df["freshness"].fillna(0), color="tab:red", label="freshness lag (s)")
-        ax[2].axhline(60, color="crimson", ls="--", lw=1, label="SLO 60 s")
+        ax[2].axhline(SLO_S, color="crimson", ls="--", lw=1, label=f"SLO {SLO_S} s")
         ax[2].set_ylabel("seconds")
         ax[2].set_xlabel("minutes")
         ax[2].legend(loc="upper left")
-        fig.savefig(self.out / "demo.png", dpi=110)
-        plt.close(fig)
+        save_figure(fig, self.out / "demo.png")
 
 
 def run_demo(out: str, minutes: float) -> int:
@@ -258,7 +260,7 @@ def run_demo(out: str, minutes: float) -> int:
     print("\n== demo summary")
     print(f"wall time {summary['wall_s'] / 60:.1f} min; {summary['samples_arrived']:,.0f} samples arrived")
     print(f"accumulated lag {summary['accumulated_lag']:,.0f} sample*s, mean wait {summary['mean_wait_s']:.1f} s, "
-          f"SLO (60 s) violations {summary['slo_violation_rate']:.1%}")
+          f"SLO ({SLO_S} s) violations {summary['slo_violation_rate']:.1%}")
     print(f"rescales {summary['rescales']}, worker-hours {summary['worker_hours']:.3f}, "
           f"up to {summary['max_workers_used']} workers; decisions: {summary['reasons']}")
     print(f"simulator on the same {sim['trace_hours']:g} trace hours: Kale {sim['kale']['rescales']} rescales, "

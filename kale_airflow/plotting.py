@@ -18,7 +18,7 @@ def _blocks(x: np.ndarray, n: int, how: str) -> np.ndarray:
     return b.max(axis=1) if how == "max" else b.mean(axis=1)
 
 
-def _save(fig, path: str | Path) -> Path:
+def save_figure(fig, path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     path = Path(path)
@@ -60,7 +60,7 @@ def plot_simulation(result, path: str | Path, points: int = 3000) -> Path:
     ax.set_ylabel("freshness lag (s)")
     ax.set_xlabel("days since evaluation start")
     ax.legend(fontsize=8, loc="upper left")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_backtest(result, path: str | Path, title: str = "") -> Path:
@@ -84,4 +84,4 @@ def plot_backtest(result, path: str | Path, title: str = "") -> Path:
     ax.set_title(title or f"{m['forecaster']}: {m['horizon_s'] / 3600:g} h ahead, MASE {m['mase']:.3f}, "
                           f"coverage {m['coverage']:.2f}")
     ax.legend(fontsize=8, loc="upper left")
-    return _save(fig, path)
+    return save_figure(fig, path)
