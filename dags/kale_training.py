@@ -90,16 +90,15 @@ def _worker_pods(args):
     from kale_airflow.config import settings
     from kale_airflow.deployment import ConfigError, load_deployment
     from kale_airflow.operators.worker_pod import WorkerPodOperator
-    from kale_airflow.runtime.kubernetes import KubernetesWorkerConfig, pod_kwargs
+    from kale_airflow.runtime.kubernetes import WORKER_LABELS, KubernetesWorkerConfig, pod_kwargs
 
     try:
         dep = load_deployment(settings())
         kcfg = dep.kubernetes_config
     except ConfigError:
         kcfg = KubernetesWorkerConfig()  # the branch fails loudly at run time; parsing must not
-    WorkerPodOperator.partial(task_id="worker_pods", name="kale-worker", cmds=["python"],
-                                  labels={"app.kubernetes.io/name": "kale-worker"},
-                                  **pod_kwargs(kcfg)).expand(arguments=args)
+    WorkerPodOperator.partial(task_id="worker_pods", name="kale-worker", cmds=["python"], labels=WORKER_LABELS,
+                              **pod_kwargs(kcfg)).expand(arguments=args)
 
 
 kale_training()

@@ -110,9 +110,11 @@ class Autoscaler:
         try:
             from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
+            from kale_airflow.runtime.kubernetes import WORKER_SELECTOR
+
             kcfg = self.dep.kubernetes_config
             pods = KubernetesHook(kcfg.kubernetes_conn_id).core_v1_client.list_namespaced_pod(
-                kcfg.namespace, label_selector="app.kubernetes.io/name=kale-worker").items
+                kcfg.namespace, label_selector=WORKER_SELECTOR).items
         except Exception as exc:  # noqa: BLE001 - no API access: unknown, not zero
             log.warning("cannot list worker pods (%s); pending workers unknown", exc)
             return None

@@ -54,6 +54,11 @@ class KubernetesWorkerConfig:
             raise ValueError("run_as_user 0 is root; workers run as a non-root user")
 
 
+# Labels on every worker pod; the autoscaler counts Running pods by the first one.
+WORKER_LABELS = {"app.kubernetes.io/name": "kale-worker", "app.kubernetes.io/part-of": "kale-airflow"}
+WORKER_SELECTOR = f"app.kubernetes.io/name={WORKER_LABELS['app.kubernetes.io/name']}"
+
+
 def pod_kwargs(cfg: KubernetesWorkerConfig) -> dict:
     """KubernetesPodOperator arguments shared by every worker pod."""
     from kubernetes.client import models as k8s
@@ -103,8 +108,8 @@ def worker_pod_operator(cfg: KubernetesWorkerConfig, spec: WorkerSpec, generatio
         name=f"kale-worker-{worker_id}",
         cmds=cmd[:1],
         arguments=cmd[1:],
-        labels={"app.kubernetes.io/name": "kale-worker", "app.kubernetes.io/part-of": "kale-airflow",
-                "kale-airflow/generation": label_value(generation), "kale-airflow/worker": str(worker_id)},
+        labels={**WORKER_LABELS, "kale-airflow/generation": label_value(generation),
+                "kale-airflow/worker": str(worker_id)},
         **pod_kwargs(cfg),
         **operator_kwargs,
     )
