@@ -12,7 +12,6 @@ per poke, so forecast refreshes at bin boundaries are included.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -21,6 +20,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from kale_airflow.cli import write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,9 +78,7 @@ def main() -> int:
            "max_ms": float(np.max(lat)), "pass": float(np.percentile(lat, 50)) <= 50}
     print(f"one sensor poke with warm models: p50 {res['p50_ms']:.1f} ms, p99 {res['p99_ms']:.1f} ms, max "
           f"{res['max_ms']:.1f} ms over {args.pokes} pokes (target <= 50 ms)")
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(res, indent=2))
-    print(f"wrote {args.json}")
+    write_json(args.json, res)
     return 0
 
 

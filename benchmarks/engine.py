@@ -11,14 +11,13 @@ and the p99 latency of one Kale decision.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from kale_airflow.cli import format_table
+from kale_airflow.cli import format_table, write_json
 from kale_airflow.core.simulator import ALL_POLICIES, ONLINE_POLICIES, SimConfig, simulate
 from kale_airflow.core.traffic import load_trace
 
@@ -105,9 +104,7 @@ def main() -> int:
     print(f"\n== speed on {sp['trace']}: 30 days through {', '.join(sp['policies'])}")
     for c in sp["checks"]:
         print(f"  [{'PASS' if c['pass'] else 'MISS'}] {c['name']}: {c['value']:.4g} (target {c['target']})")
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(report, indent=2))
-    print(f"\nwrote {args.json}")
+    write_json(args.json, report)
     return 0
 
 

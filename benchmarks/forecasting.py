@@ -16,7 +16,6 @@ registered champion from a SQLite MLflow registry and predicting (ms).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kale_airflow.cli import write_json
 from kale_airflow.core.backtest import backtest
 from kale_airflow.core.forecast import get_forecaster
 from kale_airflow.core.simulator import SimConfig, simulate
@@ -133,9 +133,7 @@ def main() -> int:
         print(f"  checks: {checks}", flush=True)
     report["retrain"] = retrain_speed(traces)
     report["serving"] = serving_latency(load_trace(next(traces.glob("nyc*.csv"))))
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(report, indent=2, default=float))
-    print(f"wrote {args.json}")
+    write_json(args.json, report)
     return 0
 
 

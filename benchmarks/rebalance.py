@@ -6,13 +6,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from kale_airflow.cli import write_json
 from kale_airflow.core.rebalance import RebalanceOptions, assign
 from kale_airflow.core.simulator import SimConfig, simulate
 from kale_airflow.core.traffic import BUNDLED_TRACE, load_trace
@@ -95,9 +95,7 @@ def main() -> int:
               f"round-robin wait {rr['mean_wait_s']:.1f}s, SLO {rr['slo_violation_rate']:.2%}, "
               f"{rr['gpu_hours']:.0f} GPU-h")
     report["simulator"] = sims
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(report, indent=2))
-    print(f"wrote {args.json}")
+    write_json(args.json, report)
     return 0
 
 

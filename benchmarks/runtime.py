@@ -8,7 +8,6 @@ fitted to those real observations, and checkpoint + restore time.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import sys
 import tempfile
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kale_airflow.cli import write_json
 from kale_airflow.core.throughput import ThroughputModel
 from kale_airflow.metrics.embedded import EmbeddedMetrics
 from kale_airflow.runtime.backends import LocalWorkers, WorkerSpec
@@ -138,9 +138,7 @@ def main() -> int:
         tmp = Path(t)
         report = {"stream": stream_speed(tmp), "workers": worker_scaling(tmp, args.seconds),
                   "checkpoint": checkpoint_speed(tmp)}
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(report, indent=2, default=float))
-    print(f"wrote {args.json}")
+    write_json(args.json, report)
     return 0
 
 

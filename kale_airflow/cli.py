@@ -63,7 +63,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
           f"history, tick {cfg.tick_s:g}s, SLO {cfg.slo_s:g}s, rescale downtime {cfg.rescale_downtime_s:g}s "
           f"({result.wall_s:.1f}s wall)")
     print(format_table(doc))
-    _write_json(args.json, doc)
+    write_json(args.json, doc)
     if args.plot:
         from kale_airflow.plotting import plot_simulation
 
@@ -71,10 +71,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_json(path: str | None, doc: dict) -> None:
+def write_json(path: str | None, doc: dict) -> None:
+    """Write ``doc`` as indented JSON (numpy numbers as floats) and say where; no path, no file."""
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(doc, indent=2))
+        Path(path).write_text(json.dumps(doc, indent=2, default=float))
         print(f"wrote {path}")
 
 
@@ -113,7 +114,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     print(f"  MASE vs daily seasonal naive {m['mase']:.3f}   sMAPE {m['smape']:.1f} %   fit {m['fit_seconds']:.1f} s")
     for col, cov in m["coverage_by_quantile"].items():
         print(f"  {col}: coverage {cov:.3f}, pinball loss {m['pinball'][col]:.4g}")
-    _write_json(args.json, m)
+    write_json(args.json, m)
     if args.plot:
         from kale_airflow.plotting import plot_backtest
 
@@ -154,7 +155,7 @@ def cmd_rebalance(args: argparse.Namespace) -> int:
         print(f"moved {doc['moved_fraction']:.2%} of the rate (lower bound {doc['moved_fraction_lower_bound']:.2%})")
     for note in doc["notes"]:
         print(f"note: {note}")
-    _write_json(args.json, doc)
+    write_json(args.json, doc)
     return 0
 
 
