@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kale_airflow.cli import write_json
+from kale_airflow.reporting.results import write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,32 +38,36 @@ def main() -> int:
         import mlflow
 
         from kale_airflow.config import settings
+        from kale_airflow.control.autoscaler import Autoscaler
         from kale_airflow.core.rebalance import assign
-        from kale_airflow.hooks.autoscaler import Autoscaler
-        from kale_airflow.registry import workflows
+        from kale_airflow.pipelines import forecaster as workflows
+        from kale_airflow.pipelines import throughput
         from kale_airflow.registry.mlflow_registry import (
-            CHAMPION, FORECASTER_MODEL, THROUGHPUT_MODEL, mlflow_at,
+            CHAMPION,
+            FORECASTER_MODEL,
+            THROUGHPUT_MODEL,
+            mlflow_at,
         )
         from kale_airflow.runtime.samples import generate, pack
-        from kale_airflow.state import StateStore
+        from kale_airflow.store import StateStore
         from kale_airflow.stream.embedded import EmbeddedStream
 
         cfg = settings()
         ex = workflows.extract_traffic(cfg, "bench", 7)
         summary = workflows.train_and_backtest(cfg, "bench", ex["path"], "seasonal", 60, 1)
         fv = workflows.register_forecaster(cfg, "bench", summary)["version"]
-        tv = workflows.register_throughput(cfg, "bench", workflows.refit_throughput(cfg, "bench"))["version"]
+        tv = throughput.register_throughput(cfg, "bench", throughput.refit_throughput(cfg, "bench"))["version"]
         with mlflow_at(cfg.mlflow_uri) as client:
             client.set_registered_model_alias(FORECASTER_MODEL, CHAMPION, fv)
             client.set_registered_model_alias(THROUGHPUT_MODEL, CHAMPION, tv)
         del mlflow
-        stream = EmbeddedStream(cfg.home / "stream.db", partitions=8)
+        stream = EmbeddedStream(cfg.stream_db, partitions=8)
         now = time.time()
         payload = pack(generate(100, 0))
         for k in range(600):  # 10 minutes of history at ~800 samples/s
             for p in range(8):
                 stream.append(p, payload, ts=now - 600 + k)
-        store = StateStore(cfg.home / "state.db")
+        store = StateStore(cfg.state_db)
         doc = assign({str(p): 1.0 for p in range(8)}, 4).to_dict()
         store.put("default", "g1", 4, doc)
         store.set_current_generation("g1", 4)

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from kale_airflow.cli import format_table, write_json
 from kale_airflow.core.simulator import ALL_POLICIES, ONLINE_POLICIES, SimConfig, simulate
 from kale_airflow.core.traffic import load_trace
+from kale_airflow.reporting.results import write_json
+from kale_airflow.reporting.tables import format_table
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-from kale_airflow.cli import write_json
 from kale_airflow.core.backtest import backtest
 from kale_airflow.core.forecast import get_forecaster
 from kale_airflow.core.simulator import SimConfig, simulate
 from kale_airflow.core.traffic import load_trace
+from kale_airflow.reporting.results import write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 

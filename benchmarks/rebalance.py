@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from kale_airflow.cli import write_json
 from kale_airflow.core.rebalance import RebalanceOptions, assign
 from kale_airflow.core.simulator import SimConfig, simulate
 from kale_airflow.core.traffic import BUNDLED_TRACE, load_trace
+from kale_airflow.reporting.results import write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 

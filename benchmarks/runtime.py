@@ -16,12 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
-from kale_airflow.cli import write_json
+from kale_airflow.core.slices import Slice
 from kale_airflow.core.throughput import ThroughputModel
 from kale_airflow.metrics.embedded import EmbeddedMetrics
+from kale_airflow.reporting.results import write_json
 from kale_airflow.runtime.backends import LocalWorkers, WorkerSpec
 from kale_airflow.runtime.samples import generate, pack
-from kale_airflow.runtime.worker import Slice, Worker
+from kale_airflow.runtime.worker import Worker
 from kale_airflow.stream.embedded import EmbeddedStream
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,7 +7,7 @@ from datetime import datetime
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import Param, dag, task
 
-from kale_airflow.dag_helpers import schedule_from
+from kale_airflow.config.schedules import schedule_from
 from kale_airflow.operators.scale import ScaleWorkersOperator
 from kale_airflow.sensors.scaling import ScalingSensor
 

@@ -6,7 +6,7 @@ from datetime import datetime
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from kale_airflow.dag_helpers import schedule_from
+from kale_airflow.config.schedules import schedule_from
 
 DOC = """
 ### Kale: retrain the traffic forecaster
@@ -48,20 +48,20 @@ def kale_forecaster_retrain():
     @task(doc_md="Read the traffic history into the run folder.")
     def extract(params: dict | None = None) -> dict:
         from kale_airflow.config import settings
-        from kale_airflow.registry.workflows import extract_traffic
+        from kale_airflow.pipelines.forecaster import extract_traffic
 
         return extract_traffic(settings(), get_current_context()["run_id"], float(params["history_days"]))
 
     @task(doc_md="Fail with the row and the problem on gaps, NaNs, bad values, too short or constant history.")
     def validate(extracted: dict, params: dict | None = None) -> dict:
-        from kale_airflow.registry.workflows import validate_traffic
+        from kale_airflow.pipelines.forecaster import validate_traffic
 
         return validate_traffic(extracted["path"], float(params["horizon_minutes"]))
 
     @task(doc_md="Train before the test window; backtest the challenger and the champion on it.")
     def train_backtest(extracted: dict, report: dict, params: dict | None = None) -> dict:
         from kale_airflow.config import settings
-        from kale_airflow.registry.workflows import train_and_backtest
+        from kale_airflow.pipelines.forecaster import train_and_backtest
 
         return train_and_backtest(settings(), get_current_context()["run_id"], extracted["path"],
                                   params["forecaster"], float(params["horizon_minutes"]), float(params["test_days"]),
@@ -70,15 +70,15 @@ def kale_forecaster_retrain():
     @task(doc_md="Log params, metrics, backtest plot, window and data hash; register with alias `challenger`.")
     def register(summary: dict) -> dict:
         from kale_airflow.config import settings
-        from kale_airflow.registry.workflows import register_forecaster
+        from kale_airflow.pipelines.forecaster import register_forecaster
 
         return register_forecaster(settings(), get_current_context()["run_id"], summary)
 
     @task(doc_md="Promote to `champion` if configured and winning, else tag for review in MLflow.")
     def promote_or_hold(summary: dict, registered: dict, params: dict | None = None) -> dict:
         from kale_airflow.config import settings
+        from kale_airflow.pipelines.common import promote_or_hold as decide
         from kale_airflow.registry.mlflow_registry import FORECASTER_MODEL
-        from kale_airflow.registry.workflows import promote_or_hold as decide
 
         return decide(settings(), FORECASTER_MODEL, registered["version"], summary["metrics"],
                       summary["champion_metrics"], "mase", bool(params["auto_promote"]))

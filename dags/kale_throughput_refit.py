@@ -6,7 +6,7 @@ from datetime import datetime
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from kale_airflow.dag_helpers import schedule_from
+from kale_airflow.config.schedules import schedule_from
 
 DOC = """
 ### Kale: refit the throughput model
@@ -39,22 +39,22 @@ def kale_throughput_refit():
     @task(doc_md="Fit on older observations; score it and the champion on the newest.")
     def fit(params: dict | None = None) -> dict:
         from kale_airflow.config import settings
-        from kale_airflow.registry.workflows import refit_throughput
+        from kale_airflow.pipelines.throughput import refit_throughput
 
         return refit_throughput(settings(), get_current_context()["run_id"], float(params["holdout_fraction"]))
 
     @task(doc_md="Log and register with alias `challenger`.")
     def register(summary: dict) -> dict:
         from kale_airflow.config import settings
-        from kale_airflow.registry.workflows import register_throughput
+        from kale_airflow.pipelines.throughput import register_throughput
 
         return register_throughput(settings(), get_current_context()["run_id"], summary)
 
     @task(doc_md="Promote if configured and winning (lower relative RMSE), else tag for review.")
     def promote_or_hold(summary: dict, registered: dict, params: dict | None = None) -> dict:
         from kale_airflow.config import settings
+        from kale_airflow.pipelines.common import promote_or_hold as decide
         from kale_airflow.registry.mlflow_registry import THROUGHPUT_MODEL
-        from kale_airflow.registry.workflows import promote_or_hold as decide
 
         return decide(settings(), THROUGHPUT_MODEL, registered["version"], summary["metrics"],
                       summary["champion_metrics"], "rel_rmse", bool(params["auto_promote"]))

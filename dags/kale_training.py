@@ -42,30 +42,23 @@ def kale_training():
 
     @task.branch(doc_md="Pick the worker backend from the deployment configuration.")
     def backend() -> str:
-        from kale_airflow.config import settings
-        from kale_airflow.deployment import load_deployment
+        from kale_airflow.config import load_config
 
-        return "start_local_workers" if load_deployment(settings()).worker_backend == "local" else "worker_args"
+        return "start_local_workers" if load_config().deployment.worker_backend == "local" else "worker_args"
 
     @task(doc_md="Start local worker processes (embedded default); they outlive this task.")
     def start_local_workers(summary: dict) -> list[int]:
-        from kale_airflow.runtime.backends import LocalWorkers, WorkerSpec
+        from kale_airflow.config import load_config
+        from kale_airflow.control.generations import Generations
 
-        cfg, dep, doc = _generation(summary)
-        spec = WorkerSpec(dep.stream_url, str(cfg.home / "checkpoints"), dep.group, str(cfg.metrics_db),
-                          str(cfg.home / "state.db"), dep.worker_batch_size,
-                          ["--step-time", str(dep.worker_step_time_s)] if dep.worker_step_time_s else [])
-        return LocalWorkers(spec, cfg.home / "worker-logs").start(summary["generation"], doc)
+        return Generations(load_config()).start_local(summary["generation"])
 
     @task(doc_md="Worker command lines for the pods, one per worker.")
     def worker_args(summary: dict) -> list[list[str]]:
-        from kale_airflow.runtime.backends import WorkerSpec
-        from kale_airflow.runtime.kubernetes import CHECKPOINT_MOUNT
+        from kale_airflow.config import load_config
+        from kale_airflow.control.generations import Generations
 
-        _, dep, doc = _generation(summary)
-        spec = WorkerSpec(dep.stream_url, CHECKPOINT_MOUNT, dep.group, batch_size=dep.worker_batch_size)
-        n = summary["workers"]
-        return [spec.command(summary["generation"], w, n, {"assignment": doc["assignment"]})[1:] for w in range(n)]
+        return Generations(load_config()).pod_arguments(summary["generation"])
 
     summary = rebalance.output
     choice = backend()
@@ -75,26 +68,14 @@ def kale_training():
     _worker_pods(args)
 
 
-def _generation(summary: dict):
-    """(settings, deployment, assignment document) of the generation ``rebalance`` assigned."""
-    from kale_airflow.config import settings
-    from kale_airflow.deployment import load_deployment
-    from kale_airflow.state import StateStore
-
-    cfg = settings()
-    return cfg, load_deployment(cfg), StateStore(cfg.home / "state.db").get("default", summary["generation"])
-
-
 def _worker_pods(args):
     """Mapped GPU pods (KubernetesPodOperator subclass), one per worker command line."""
-    from kale_airflow.config import settings
-    from kale_airflow.deployment import ConfigError, load_deployment
+    from kale_airflow.config import ConfigError, KubernetesWorkerConfig, load_config
     from kale_airflow.operators.worker_pod import WorkerPodOperator
-    from kale_airflow.runtime.kubernetes import WORKER_LABELS, KubernetesWorkerConfig, pod_kwargs
+    from kale_airflow.runtime.kubernetes import WORKER_LABELS, pod_kwargs
 
     try:
-        dep = load_deployment(settings())
-        kcfg = dep.kubernetes_config
+        kcfg = load_config().deployment.kubernetes
     except ConfigError:
         kcfg = KubernetesWorkerConfig()  # the branch fails loudly at run time; parsing must not
     WorkerPodOperator.partial(task_id="worker_pods", name="kale-worker", cmds=["python"], labels=WORKER_LABELS,

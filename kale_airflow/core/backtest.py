@@ -3,8 +3,8 @@
 The forecaster is fitted on everything before the test window (``fit_seconds`` is that
 fit's wall time). Then, at origins every ``stride`` steps through the test window, it
 forecasts ``horizon`` steps from the history *up to the origin*, using its fitted
-parameters (``forecast(history, h)`` when the forecaster has it, else a refit). No value
-at or after an origin reaches the forecast made at that origin.
+parameters (``forecast(history, h)`` when the forecaster declares ``supports_forecast``,
+else a refit). No value at or after an origin reaches the forecast made at that origin.
 
 Metrics, over every (origin, step) pair:
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from kale_airflow.core.forecast import DAY_S, ForecastError, Forecaster, quantile_column, series_step_s
+from kale_airflow.core.forecast import DAY_S, Forecaster, ForecastError, quantile_column, series_step_s
 
 
 @dataclass
@@ -37,7 +37,7 @@ class BacktestResult:
 
 def forecast_from(forecaster: Forecaster, history: pd.Series, horizon: int) -> pd.DataFrame:
     """Forecast ``horizon`` steps after ``history`` with the forecaster's fitted parameters."""
-    if hasattr(forecaster, "forecast"):
+    if forecaster.supports_forecast:
         return forecaster.forecast(history, horizon)
     return forecaster.fit(history).predict(horizon)
 

@@ -9,6 +9,10 @@ Every forecaster has the statsforecast shape::
 one column per quantile named ``q<percent>`` (``q50``, ``q90``). Heavier forecasters
 (NeuralProphet) register themselves under the same interface and are imported lazily.
 
+Optional capabilities are declared, not probed: a forecaster subclasses
+:class:`ForecasterBase` and sets the ``supports_*`` flags of what it can do (like
+statsforecast's ``_TS`` base), and callers read the flags (see :data:`CAPABILITIES`).
+
 No peeking: a forecaster sees only the history it is given, and ``predict`` starts at the
 step after the last history timestamp.
 """
@@ -18,24 +22,59 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from dataclasses import dataclass
-from typing import Callable, Protocol, runtime_checkable
+from typing import Callable, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 import pandas as pd
 
+from kale_airflow.core.errors import KaleError
+
 DAY_S = 86400.0
 
 
-class ForecastError(ValueError):
+class ForecastError(KaleError, ValueError):
     """The forecaster cannot fit or predict with what it was given."""
+
+
+# Optional capability flag -> the methods a forecaster declaring it must provide.
+CAPABILITIES: dict[str, tuple[str, ...]] = {
+    "supports_forecast": ("forecast",),
+    "supports_fit_values": ("fit_values", "predict_arrays"),
+    "supports_save": ("save", "load"),
+}
+
+
+class ForecasterBase:
+    """Declares which optional capabilities a forecaster has (all off by default).
+
+    Every forecaster has ``fit(history) -> self`` and ``predict(horizon) -> frame``. On top
+    of that, a subclass sets a flag to True exactly when it provides the methods:
+
+    - ``supports_forecast``: ``forecast(history, horizon) -> frame`` forecasts after a new
+      history with the already fitted parameters (no retraining). Heavy forecasters are
+      then retrained rarely and only forecast in between;
+    - ``supports_fit_values``: ``fit_values(values, step_s, last_timestamp) -> self`` and
+      ``predict_arrays(horizon) -> (mean, [quantile arrays])``, a fast path without
+      pandas indexes for refitting every few minutes;
+    - ``supports_save``: ``save(path)`` and a static/class ``load(path)`` in the
+      forecaster's own format (otherwise it is pickled).
+    """
+
+    supports_forecast: ClassVar[bool] = False
+    supports_fit_values: ClassVar[bool] = False
+    supports_save: ClassVar[bool] = False
 
 
 @runtime_checkable
 class Forecaster(Protocol):
-    """Anything with ``fit(history) -> self`` and ``predict(horizon) -> frame``."""
+    """Anything with ``fit(history) -> self`` and ``predict(horizon) -> frame`` that declares
+    its optional capabilities (the ``supports_*`` flags of :class:`ForecasterBase`)."""
 
     name: str
     quantiles: tuple[float, ...]
+    supports_forecast: bool
+    supports_fit_values: bool
+    supports_save: bool
 
     def fit(self, history: pd.Series) -> "Forecaster": ...
 
@@ -68,7 +107,7 @@ def _check_values(values: np.ndarray) -> None:
 
 
 @dataclass
-class SeasonalNaiveForecaster:
+class SeasonalNaiveForecaster(ForecasterBase):
     """Level-corrected seasonal naive forecast with empirical quantiles and automatic
     choice of season.
 
@@ -97,6 +136,14 @@ class SeasonalNaiveForecaster:
     recalibrate_s: float = 3600.0
     name: str = "seasonal"
 
+    # Declared capabilities (class attributes, not dataclass fields).
+    supports_forecast = True     # forecast(history, h): a refit, the profile has no other parameters
+    supports_fit_values = True   # fit_values / predict_arrays fast path
+    supports_save = False        # pickled
+    # Fitted state (instance attributes once fitted; None before).
+    _y = None
+    _calibrated = None
+
     def fit(self, history: pd.Series) -> "SeasonalNaiveForecaster":
         """Remember the history and pick the season; returns self."""
         return self.fit_values(history.to_numpy(dtype=float), series_step_s(history), history.index[-1])
@@ -117,7 +164,7 @@ class SeasonalNaiveForecaster:
             if len(values) > m + self._level_n:
                 seasons.append((m, count))
         fresh = (
-            getattr(self, "_calibrated", None) is not None
+            self._calibrated is not None
             and self._calibrated[1] == step
             and self._calibrated[2] == seasons
             and 0 <= (self._last - self._calibrated[0]).total_seconds() < self.recalibrate_s
@@ -210,7 +257,7 @@ class SeasonalNaiveForecaster:
 
     def predict_arrays(self, horizon: int) -> tuple[np.ndarray, list[np.ndarray]]:
         """Fast path for the simulator: (mean, [quantile arrays in ``self.quantiles`` order])."""
-        if not hasattr(self, "_y"):
+        if self._y is None:
             raise ForecastError("call fit(history) before predict")
         if horizon < 1:
             raise ForecastError(f"horizon must be >= 1 step, got {horizon}")
@@ -236,7 +283,10 @@ _REGISTRY: dict[str, str | Callable[..., Forecaster]] = {
 
 
 def register_forecaster(name: str, factory: str | Callable[..., Forecaster]) -> None:
-    """Register a forecaster factory (a callable, or ``"module:attr"`` imported on first use)."""
+    """Register a forecaster factory (a callable, or ``"module:attr"`` imported on first use).
+
+    The forecasters it makes declare their optional capabilities (subclass
+    :class:`ForecasterBase` and set its ``supports_*`` flags)."""
     _REGISTRY[name] = factory
 
 

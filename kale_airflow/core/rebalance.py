@@ -29,10 +29,12 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
+from kale_airflow.core.errors import KaleError
+
 EPS = 1e-12
 
 
-class RebalanceError(ValueError):
+class RebalanceError(KaleError, ValueError):
     """Bad input to the rebalancer; the message names the partition or the field."""
 
 

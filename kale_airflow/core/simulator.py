@@ -28,9 +28,17 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 import pandas as pd
 
+from kale_airflow.core.errors import KaleError
 from kale_airflow.core.forecast import get_forecaster
 from kale_airflow.core.policies import (
-    AutopilotPolicy, HPAPolicy, KEDAConfig, KEDAPolicy, Limits, Observation, StaticPolicy, make_online_kale,
+    AutopilotPolicy,
+    HPAPolicy,
+    KEDAConfig,
+    KEDAPolicy,
+    Limits,
+    Observation,
+    StaticPolicy,
+    make_online_kale,
 )
 from kale_airflow.core.policies.kale import KaleConfig, KalePolicy, KnownCapacity, OracleForecastSource
 from kale_airflow.core.shards import ShardModel, zipf_shares
@@ -41,7 +49,7 @@ ONLINE_POLICIES = ("kale", "hpa", "keda", "autopilot", "static")
 ALL_POLICIES = ONLINE_POLICIES + ("oracle",)
 
 
-class SimulationError(ValueError):
+class SimulationError(KaleError, ValueError):
     """The simulation cannot run as configured; the message says what to change."""
 
 
@@ -165,108 +173,144 @@ def fluid_gpu_hours(arrivals: np.ndarray, cfg: SimConfig) -> float:
     return float(n.sum() * cfg.tick_s / 3600.0)
 
 
+def fifo_freshness(cum_arrivals: list[float], arrivals: list[float], cum_processed: float, t0: float,
+                   tick: float, end: float) -> float:
+    """Age at ``end`` of the oldest unprocessed sample, arrivals spread evenly over each tick
+    and processed first in, first out. ``cum_arrivals[k]`` counts the samples that arrived
+    up to the end of tick k (the last entry is the current tick's)."""
+    j = bisect_right(cum_arrivals, cum_processed)
+    prev = cum_arrivals[j - 1] if j else 0.0
+    aj = arrivals[j]
+    born = t0 + j * tick + ((cum_processed - prev) / aj * tick if aj > 0 else 0.0)
+    return end - born
+
+
+class _Replay:
+    """One policy's replay: the cluster's state between ticks and the per-tick series.
+
+    The protocol's tick loop is :meth:`decide` (at the policy's interval) then :meth:`step`;
+    :meth:`result` turns the series into a :class:`PolicyRun`."""
+
+    def __init__(self, workload: Workload, cfg: SimConfig, noise: np.ndarray, initial_workers: int, shards=None):
+        self.cfg, self.shards, self.limits = cfg, shards, cfg.limits
+        self.tick, self.t0 = cfg.tick_s, workload.start_s
+        self.total_samples = float(workload.arrivals.sum())
+        self.arrivals = workload.arrivals.tolist()
+        self.noise = noise.tolist()
+        self.cap_table = cfg.cluster.capacity_table(cfg.max_workers).tolist()
+        self.n = self.held = initial_workers  # workers training; GPUs held (max(old, new) while rescaling)
+        self.down_rem = self.backlog = 0.0
+        self.cum_arr: list[float] = []
+        self.cum_a = self.cum_p = 0.0
+        self.rate = self.util = self.tput = self.fresh = None  # what the next observation reports
+        self.workers_l, self.cap_l, self.backlog_l, self.fresh_l = [], [], [], []
+        self.events: list[dict] = []
+        self.reasons: Counter = Counter()
+        self.decide_ms: list[float] = []
+        self.downtime = self.gpu_s = 0.0
+
+    def decide(self, policy, k: int, now: float) -> None:
+        """Ask the policy (it sees metrics of ticks < k only) and start any rescale it wants."""
+        obs = Observation(now, self.n, self.rate, self.backlog if k else 0.0, self.fresh if k else 0.0, self.util,
+                          self.tput, self.down_rem > 0)
+        s = time.perf_counter()
+        d = policy.decide(obs)
+        self.decide_ms.append((time.perf_counter() - s) * 1e3)
+        self.reasons[d.reason.value] += 1
+        target = self.limits.clamp(d.workers)
+        if target != self.n:
+            self.events.append({"t": now, "from": self.n, "to": target, "reason": d.reason.value,
+                                "message": d.message})
+            self.held = max(self.n, target)
+            self.n = target
+            self.down_rem = self.cfg.rescale_downtime_s
+
+    def step(self, k: int, now: float) -> None:
+        """Run tick k: downtime, GPU time, capacity, processing, then the metrics it leaves."""
+        tick = self.tick
+        down = self.down_rem if self.down_rem < tick else tick
+        self.down_rem -= down
+        self.downtime += down
+        avail = tick - down
+        self.gpu_s += self.held * down + self.n * avail
+        cap_rate = self.cap_table[self.n] * self.noise[k]
+        cap = cap_rate * avail
+        a = self.arrivals[k]
+        proc = self._process(k, a, cap, now)
+        self.rate = a / tick
+        self.util = proc / cap if cap > 0 else None
+        self.tput = cap_rate if avail > 0 else None
+        self.workers_l.append(self.held if down > 0 else self.n)
+        self.cap_l.append(cap_rate)
+        self.backlog_l.append(self.backlog)
+        self.fresh_l.append(self.fresh)
+
+    def _process(self, k: int, a: float, cap: float, now: float) -> float:
+        """Process up to ``cap`` samples of backlog plus arrivals ``a``; update backlog and
+        freshness (per partition with shards, FIFO otherwise). Returns the samples processed."""
+        if self.shards is not None:
+            proc, self.backlog, self.fresh = self.shards.step(a, cap, self.n, self.tick)
+        else:
+            total = self.backlog + a
+            proc = total if total < cap else cap
+            self.backlog = total - proc
+        self.cum_a += a
+        self.cum_p += proc
+        self.cum_arr.append(self.cum_a)
+        if self.shards is None:
+            if self.backlog > 1e-6:
+                self.fresh = fifo_freshness(self.cum_arr, self.arrivals, self.cum_p, self.t0, self.tick,
+                                            now + self.tick)
+            else:
+                self.fresh = 0.0
+        return proc
+
+    def metrics(self, backlog_a: np.ndarray, fresh_a: np.ndarray) -> dict:
+        """The protocol's metrics (see the module docstring)."""
+        decide_ms = self.decide_ms
+        acc_lag = float(backlog_a.sum() * self.tick)
+        return {
+            "accumulated_lag": acc_lag,
+            "mean_wait_s": acc_lag / self.total_samples if self.total_samples else 0.0,
+            "downtime_s": self.downtime,
+            "slo_violation_rate": float((fresh_a > self.cfg.slo_s).mean()),
+            "gpu_hours": self.gpu_s / 3600.0,
+            "rescales": len(self.events),
+            "max_freshness_lag_s": float(fresh_a.max()),
+            "p99_freshness_lag_s": float(np.percentile(fresh_a, 99)),
+            "final_backlog": float(backlog_a[-1]),
+            "decide_p99_ms": float(np.percentile(decide_ms, 99)) if decide_ms else 0.0,
+        }
+
+    def result(self, name: str) -> PolicyRun:
+        """The replay as a :class:`PolicyRun`."""
+        backlog_a = np.asarray(self.backlog_l)
+        fresh_a = np.asarray(self.fresh_l)
+        return PolicyRun(name, self.metrics(backlog_a, fresh_a), np.asarray(self.workers_l), np.asarray(self.cap_l),
+                         backlog_a, fresh_a, self.events, dict(self.reasons), np.asarray(self.decide_ms))
+
+
 def run_policy(policy, workload: Workload, cfg: SimConfig, noise: np.ndarray, initial_workers: int,
                progress=None, shards=None) -> PolicyRun:
     """Replay the workload through one policy (the protocol's tick loop).
 
     ``shards`` (a :class:`~kale_airflow.core.shards.ShardModel`) switches to per-partition
     backlog with per-worker capacity; freshness is then its estimate."""
-    tick = cfg.tick_s
-    arrivals = workload.arrivals.tolist()
-    noise_l = noise.tolist()
-    cap_table = cfg.cluster.capacity_table(cfg.max_workers).tolist()
-    limits = cfg.limits
-    T = len(arrivals)
-    t0 = workload.start_s
-    eps = 1e-6
-
-    n = initial_workers
-    held = n
-    down_rem = 0.0
-    backlog = 0.0
-    cum_arr: list[float] = []
-    cum_a = 0.0
-    cum_p = 0.0
+    replay = _Replay(workload, cfg, noise, initial_workers, shards)
+    t0, tick, interval = workload.start_s, cfg.tick_s, policy.interval_s
+    T = len(replay.arrivals)
     next_decide = t0
-    interval = policy.interval_s
-    rate = util = tput = fresh = None
-    workers_l, cap_l, backlog_l, fresh_l = [], [], [], []
-    events: list[dict] = []
-    reasons: Counter = Counter()
-    decide_ms: list[float] = []
-    downtime = gpu_s = 0.0
-    perf = time.perf_counter
     for k in range(T):
         now = t0 + k * tick
         if now >= next_decide - 1e-9:
-            obs = Observation(now, n, rate, backlog if k else 0.0, fresh if k else 0.0, util, tput, down_rem > 0)
-            s = perf()
-            d = policy.decide(obs)
-            decide_ms.append((perf() - s) * 1e3)
-            reasons[d.reason.value] += 1
-            target = limits.clamp(d.workers)
-            if target != n:
-                events.append({"t": now, "from": n, "to": target, "reason": d.reason.value, "message": d.message})
-                held = max(n, target)
-                n = target
-                down_rem = cfg.rescale_downtime_s
+            replay.decide(policy, k, now)
             next_decide = now + interval if interval != float("inf") else float("inf")
-        down = down_rem if down_rem < tick else tick
-        down_rem -= down
-        downtime += down
-        avail = tick - down
-        gpu_s += held * down + n * avail
-        cap_rate = cap_table[n] * noise_l[k]
-        cap = cap_rate * avail
-        a = arrivals[k]
-        if shards is not None:
-            proc, backlog, fresh = shards.step(a, cap, n, tick)
-        else:
-            total = backlog + a
-            proc = total if total < cap else cap
-            backlog = total - proc
-        cum_a += a
-        cum_p += proc
-        cum_arr.append(cum_a)
-        if shards is None:
-            if backlog > eps:
-                j = bisect_right(cum_arr, cum_p)
-                prev = cum_arr[j - 1] if j else 0.0
-                aj = arrivals[j]
-                born = t0 + j * tick + ((cum_p - prev) / aj * tick if aj > 0 else 0.0)
-                fresh = now + tick - born
-            else:
-                fresh = 0.0
-        rate = a / tick
-        util = proc / cap if cap > 0 else None
-        tput = cap_rate if avail > 0 else None
-        workers_l.append(held if down > 0 else n)
-        cap_l.append(cap_rate)
-        backlog_l.append(backlog)
-        fresh_l.append(fresh)
+        replay.step(k, now)
         if progress is not None and k % 4096 == 4095:
             progress.update(4096)
     if progress is not None:
         progress.update(T % 4096)
-
-    backlog_a = np.asarray(backlog_l)
-    fresh_a = np.asarray(fresh_l)
-    total_samples = float(workload.arrivals.sum())
-    acc_lag = float(backlog_a.sum() * tick)
-    metrics = {
-        "accumulated_lag": acc_lag,
-        "mean_wait_s": acc_lag / total_samples if total_samples else 0.0,
-        "downtime_s": downtime,
-        "slo_violation_rate": float((fresh_a > cfg.slo_s).mean()),
-        "gpu_hours": gpu_s / 3600.0,
-        "rescales": len(events),
-        "max_freshness_lag_s": float(fresh_a.max()),
-        "p99_freshness_lag_s": float(np.percentile(fresh_a, 99)),
-        "final_backlog": float(backlog_a[-1]),
-        "decide_p99_ms": float(np.percentile(decide_ms, 99)) if decide_ms else 0.0,
-    }
-    return PolicyRun(policy.name, metrics, np.asarray(workers_l), np.asarray(cap_l), backlog_a, fresh_a, events,
-                     dict(reasons), np.asarray(decide_ms))
+    return replay.result(policy.name)
 
 
 @dataclass
@@ -311,9 +355,10 @@ def build_policy(name: str, cfg: SimConfig, workload: Workload, forecaster: str 
     kcfg = replace(kale_config or KaleConfig(), slo_s=cfg.slo_s, rescale_downtime_s=cfg.rescale_downtime_s)
     if name == "kale":
         model = get_forecaster(forecaster, **(forecaster_kwargs or {}))
-        # Heavy forecasters (with a separate forecast step) retrain daily and re-forecast
-        # every 15 minutes, like the retrain DAG and the autoscaler would; cheap ones refit each bin.
-        heavy = hasattr(model, "forecast") and not hasattr(model, "fit_values")
+        # Heavy forecasters (a separate forecast step, no array fast path) retrain daily and
+        # re-forecast every 15 minutes, like the retrain DAG and the autoscaler would; cheap
+        # ones refit each bin.
+        heavy = model.supports_forecast and not model.supports_fit_values
         return make_online_kale(limits, model, profile, kcfg, history=workload.history,
                                 refresh_every_s=900.0 if heavy else None, retrain_every_s=86400.0 if heavy else None)
     if name == "hpa":

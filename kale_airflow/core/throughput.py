@@ -30,12 +30,14 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import nnls
 
+from kale_airflow.core.errors import KaleError
+
 FEATURE_NAMES = ("inv_n", "serial", "log_n", "linear_n")
 # Relative residual std assumed when the fit has no degrees of freedom left.
 FALLBACK_REL_STD = 0.10
 
 
-class ThroughputModelError(ValueError):
+class ThroughputModelError(KaleError, ValueError):
     """Observations cannot identify a throughput curve; the message says what is missing."""
 
 

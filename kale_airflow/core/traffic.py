@@ -21,11 +21,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kale_airflow.core.errors import KaleError
+
 BUNDLED_TRACE = Path(__file__).resolve().parent.parent / "data" / "nyc_taxi_30min.csv"
 MIN_ROWS = 48
 
 
-class TraceError(ValueError):
+class TraceError(KaleError, ValueError):
     """A trace that cannot be used as given; the message names the row and the fix."""
 
 
@@ -105,7 +107,8 @@ def load_trace(
     return _validate(frame, label, repair=repair, min_rows=min_rows)
 
 
-def _validate(frame: pd.DataFrame, label: str, *, repair: bool, min_rows: int) -> Trace:
+def _check_shape(frame: pd.DataFrame, label: str, min_rows: int) -> int:
+    """Both columns present and at least ``min_rows`` rows; returns the row count."""
     missing = {"timestamp", "value"} - set(frame.columns)
     if missing:
         raise TraceError(
@@ -115,7 +118,11 @@ def _validate(frame: pd.DataFrame, label: str, *, repair: bool, min_rows: int) -
     rows_in = len(frame)
     if rows_in < min_rows:
         raise TraceError(f"{label}: {rows_in} rows is too short; at least {min_rows} rows are needed")
+    return rows_in
 
+
+def _parse_timestamps(frame: pd.DataFrame, label: str) -> pd.Series:
+    """Timestamps as naive UTC date-times; refuses unparseable and duplicated ones."""
     ts = pd.to_datetime(frame["timestamp"], errors="coerce")
     bad_ts = np.flatnonzero(ts.isna().to_numpy())
     if bad_ts.size:
@@ -123,7 +130,11 @@ def _validate(frame: pd.DataFrame, label: str, *, repair: bool, min_rows: int) -
         raise TraceError(f"{label}: row {i + 1}: timestamp {frame['timestamp'].iloc[i]!r} is not a date-time")
     if getattr(ts.dt, "tz", None) is not None:
         ts = ts.dt.tz_convert("UTC").dt.tz_localize(None)
+    return ts
 
+
+def _parse_values(frame: pd.DataFrame, label: str) -> pd.Series:
+    """Values as floats (blanks become NaN); refuses non-numeric, negative and infinite ones."""
     raw = frame["value"]
     is_blank = raw.astype(str).str.strip().str.lower().isin(["", "nan", "na", "null", "none"])
     values = pd.to_numeric(raw.where(~is_blank), errors="coerce")
@@ -139,7 +150,11 @@ def _validate(frame: pd.DataFrame, label: str, *, repair: bool, min_rows: int) -
     infinite = np.flatnonzero(np.isinf(values.to_numpy()))
     if infinite.size:
         raise TraceError(f"{label}: row {infinite[0] + 1}: value is infinite")
+    return values
 
+
+def _check_unique(ts: pd.Series, label: str) -> None:
+    """Duplicated timestamps are never repaired."""
     dup = ts.duplicated(keep="first").to_numpy()
     if dup.any():
         i = int(np.flatnonzero(dup)[0])
@@ -148,59 +163,84 @@ def _validate(frame: pd.DataFrame, label: str, *, repair: bool, min_rows: int) -
             "aggregate duplicate rows before loading"
         )
 
-    notes: list[str] = []
-    sorted_rows = False
+
+def _check_order(ts: pd.Series, label: str, repair: bool) -> bool:
+    """True when rows are out of order (allowed only with ``repair``: they get sorted)."""
     order = ts.to_numpy()
     unsorted = np.flatnonzero(order[1:] < order[:-1])
-    if unsorted.size:
-        i = int(unsorted[0]) + 1
-        if not repair:
-            raise TraceError(
-                f"{label}: row {i + 1}: timestamp {ts.iloc[i]} is earlier than the row before it; "
-                "sort the trace or load it with repair=True"
-            )
-        sorted_rows = True
-        notes.append("rows were out of order and have been sorted by timestamp")
+    if not unsorted.size:
+        return False
+    i = int(unsorted[0]) + 1
+    if not repair:
+        raise TraceError(
+            f"{label}: row {i + 1}: timestamp {ts.iloc[i]} is earlier than the row before it; "
+            "sort the trace or load it with repair=True"
+        )
+    return True
 
-    series = pd.Series(values.to_numpy(), index=pd.DatetimeIndex(ts.to_numpy()), name="value").sort_index()
+
+def _regularize(series: pd.Series, label: str, repair: bool) -> tuple[pd.Series, float, int, str | None]:
+    """Infer the step (median spacing); with ``repair``, reindex whole missing steps to NaN.
+    Returns ``(series, step_s, filled_gaps, note)``, ``note`` None when nothing was
+    re-gridded; off-grid rows are never repaired."""
     diffs = np.diff(series.index.asi8) / 1e9
     step_s = float(np.median(diffs))
     if step_s <= 0:
         raise TraceError(f"{label}: cannot infer a time step")
     off_grid = np.flatnonzero(np.abs(diffs - step_s) > 1e-6)
-    filled_gaps = 0
-    if off_grid.size:
-        bad = [k for k in off_grid if diffs[k] < step_s or abs(diffs[k] / step_s - round(diffs[k] / step_s)) > 1e-6]
-        if bad:
-            k = bad[0]
-            raise TraceError(
-                f"{label}: row {k + 2}: timestamp {series.index[k + 1]} is off the {step_s:g} s grid "
-                f"(previous row {series.index[k]}); resample the trace to a regular step"
-            )
-        if not repair:
-            k = off_grid[0]
-            raise TraceError(
-                f"{label}: gap of {diffs[k]:g} s after row {k + 1} ({series.index[k]}), step is {step_s:g} s; "
-                "fill the gap or load with repair=True (linear interpolation)"
-            )
-        full = pd.date_range(series.index[0], series.index[-1], freq=pd.Timedelta(seconds=step_s))
-        filled_gaps = len(full) - len(series)
-        series = series.reindex(full)
-        notes.append(f"{filled_gaps} missing step(s) filled by linear interpolation")
+    if not off_grid.size:
+        return series, step_s, 0, None
+    bad = [k for k in off_grid if diffs[k] < step_s or abs(diffs[k] / step_s - round(diffs[k] / step_s)) > 1e-6]
+    if bad:
+        k = bad[0]
+        raise TraceError(
+            f"{label}: row {k + 2}: timestamp {series.index[k + 1]} is off the {step_s:g} s grid "
+            f"(previous row {series.index[k]}); resample the trace to a regular step"
+        )
+    if not repair:
+        k = off_grid[0]
+        raise TraceError(
+            f"{label}: gap of {diffs[k]:g} s after row {k + 1} ({series.index[k]}), step is {step_s:g} s; "
+            "fill the gap or load with repair=True (linear interpolation)"
+        )
+    full = pd.date_range(series.index[0], series.index[-1], freq=pd.Timedelta(seconds=step_s))
+    filled_gaps = len(full) - len(series)
+    return series.reindex(full), step_s, filled_gaps, f"{filled_gaps} missing step(s) filled by linear interpolation"
 
+
+def _fill_missing(series: pd.Series, label: str, repair: bool, filled_gaps: int) -> tuple[pd.Series, int]:
+    """Interpolate NaNs in time (gap rows and, with ``repair``, NaN values); returns the
+    series and the number of NaN values among the input rows."""
     nan_rows = int(series.isna().sum()) - filled_gaps
-    if nan_rows:
-        if not repair:
-            i = int(np.flatnonzero(series.isna().to_numpy())[0])
-            raise TraceError(
-                f"{label}: row {i + 1} ({series.index[i]}): value is missing (NaN); "
-                "fill it or load with repair=True (linear interpolation)"
-            )
-        notes.append(f"{nan_rows} NaN value(s) filled by linear interpolation")
+    if nan_rows and not repair:
+        i = int(np.flatnonzero(series.isna().to_numpy())[0])
+        raise TraceError(
+            f"{label}: row {i + 1} ({series.index[i]}): value is missing (NaN); "
+            "fill it or load with repair=True (linear interpolation)"
+        )
     if series.isna().any():
         series = series.interpolate(method="time", limit_direction="both")
         if series.isna().any():
             raise TraceError(f"{label}: every value is missing; nothing to interpolate from")
+    return series, nan_rows
+
+
+def _validate(frame: pd.DataFrame, label: str, *, repair: bool, min_rows: int) -> Trace:
+    """The checks and repairs of the module docstring, in order; the first failure raises."""
+    rows_in = _check_shape(frame, label, min_rows)
+    ts = _parse_timestamps(frame, label)
+    values = _parse_values(frame, label)
+    _check_unique(ts, label)
+    sorted_rows = _check_order(ts, label, repair)
+    notes = ["rows were out of order and have been sorted by timestamp"] if sorted_rows else []
+
+    series = pd.Series(values.to_numpy(), index=pd.DatetimeIndex(ts.to_numpy()), name="value").sort_index()
+    series, step_s, filled_gaps, gap_note = _regularize(series, label, repair)
+    if gap_note is not None:
+        notes.append(gap_note)
+    series, nan_rows = _fill_missing(series, label, repair, filled_gaps)
+    if nan_rows:
+        notes.append(f"{nan_rows} NaN value(s) filled by linear interpolation")
 
     if (series.to_numpy() == 0).all():
         raise TraceError(f"{label}: every value is zero; a trace needs some traffic")

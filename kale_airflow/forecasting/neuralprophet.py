@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kale_airflow.core.forecast import ForecastError, quantile_column, series_step_s
+from kale_airflow.core.forecast import ForecasterBase, ForecastError, quantile_column, series_step_s
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def _quiet():
 
 
 @dataclass
-class NeuralProphetForecaster:
+class NeuralProphetForecaster(ForecasterBase):
     """NeuralProphet with AR lags, daily/weekly seasonality and calibrated quantiles."""
 
     quantiles: tuple[float, ...] = (0.5, 0.8, 0.9)
@@ -61,6 +61,11 @@ class NeuralProphetForecaster:
     seed: int = 0
     name: str = "neuralprophet"
     _model: object = field(default=None, repr=False)
+
+    # Declared capabilities (class attributes, not dataclass fields).
+    supports_forecast = True     # forecast(history, h) with the trained weights: retrain rarely
+    supports_fit_values = False  # no array fast path: every fit trains the network
+    supports_save = True         # save(path) / load(path) through torch
 
     # ---------------------------------------------------------------- helpers
     def _to_model_frame(self, history: pd.Series) -> tuple[pd.DataFrame, float]:

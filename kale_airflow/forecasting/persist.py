@@ -9,13 +9,14 @@ from pathlib import Path
 
 
 def save_forecaster(forecaster, folder: str | Path) -> Path:
-    """Write ``meta.json`` plus the model: the forecaster's own ``save`` if it has one, else a pickle."""
+    """Write ``meta.json`` plus the model: the forecaster's own ``save`` if it declares
+    ``supports_save``, else a pickle."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     cls = type(forecaster)
     meta = {"name": forecaster.name, "class": f"{cls.__module__}:{cls.__qualname__}",
             "quantiles": list(forecaster.quantiles)}
-    if hasattr(forecaster, "save"):
+    if forecaster.supports_save:
         forecaster.save(folder / "model.pt")
         meta["format"] = "own"
     else:

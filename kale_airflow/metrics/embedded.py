@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kale_airflow.core.errors import KaleError
 from kale_airflow.core.shards import zipf_shares
 from kale_airflow.core.simulator import SimConfig, profile_observations
 from kale_airflow.core.traffic import BUNDLED_TRACE, load_trace
@@ -30,7 +31,7 @@ CREATE TABLE IF NOT EXISTS partition_rates (ts REAL NOT NULL, partition TEXT NOT
 SEED_PARTITIONS, SEED_SKEW = 64, 0.8
 
 
-class MetricsError(RuntimeError):
+class MetricsError(KaleError, RuntimeError):
     """The metrics source cannot answer; the message says what is missing."""
 
 

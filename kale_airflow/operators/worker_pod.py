@@ -1,13 +1,20 @@
-"""KubernetesPodOperator for Kale's GPU workers, with Kubernetes errors a user can act on."""
+"""KubernetesPodOperator for Kale's GPU workers, with Kubernetes errors a user can act on,
+and the factory that builds one worker's pod operator."""
 
 from __future__ import annotations
 
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowFailException
+
+from kale_airflow.config import KubernetesWorkerConfig
+from kale_airflow.core.errors import KaleError
+from kale_airflow.runtime.backends import WorkerSpec
+from kale_airflow.runtime.kubernetes import WORKER_LABELS, label_value, pod_kwargs
 
 
-class KubernetesPermissionError(AirflowException):
-    """The Airflow service account lacks an RBAC permission (403); retrying cannot help."""
+class KubernetesPermissionError(KaleError, AirflowFailException):
+    """The Airflow service account lacks an RBAC permission (403); retrying cannot help,
+    so the task fails without using its retries."""
 
 
 class WorkerPodOperator(KubernetesPodOperator):
@@ -35,3 +42,27 @@ class WorkerPodOperator(KubernetesPodOperator):
                     self.log.info("pod %s already exists (409): reattaching to it", pod.metadata.name)
                     return pod
             raise
+
+
+def worker_pod_operator(cfg: KubernetesWorkerConfig, spec: WorkerSpec, generation: str, worker_id: int,
+                        workers: int, assignment: dict, **operator_kwargs) -> WorkerPodOperator:
+    """The pod operator (a KubernetesPodOperator) for one worker of a generation."""
+    cmd = spec.command(generation, worker_id, workers, assignment)
+    return WorkerPodOperator(
+        task_id=operator_kwargs.pop("task_id", f"worker_{worker_id}"),
+        name=f"kale-worker-{worker_id}",
+        cmds=cmd[:1],
+        arguments=cmd[1:],
+        labels={**WORKER_LABELS, "kale-airflow/generation": label_value(generation),
+                "kale-airflow/worker": str(worker_id)},
+        **pod_kwargs(cfg),
+        **operator_kwargs,
+    )
+
+
+def pod_manifest(operator: KubernetesPodOperator) -> dict:
+    """The pod the operator would create, as a plain manifest (no cluster needed)."""
+    from kubernetes.client import ApiClient
+
+    pod = operator.build_pod_request_obj(dry_run=True)
+    return ApiClient().sanitize_for_serialization(pod)

@@ -9,13 +9,12 @@ alias. Decisions are tagged on the version so the UI shows why.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import pandas as pd
+from kale_airflow.core.errors import KaleError
 
 log = logging.getLogger(__name__)
 
@@ -24,14 +23,8 @@ THROUGHPUT_MODEL = "kale-throughput-model"
 CHAMPION, CHALLENGER = "champion", "challenger"
 
 
-class RegistryUnavailable(RuntimeError):
+class RegistryUnavailable(KaleError, RuntimeError):
     """MLflow cannot be reached or refused the request; nothing was changed."""
-
-
-def data_hash(series: pd.Series | pd.DataFrame) -> str:
-    """Stable short hash of the training data (index and values)."""
-    h = hashlib.sha256(pd.util.hash_pandas_object(series, index=True).to_numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 @contextmanager

@@ -1,4 +1,4 @@
-"""Kubernetes GPU worker pods, built through the real KubernetesPodOperator.
+"""Kubernetes GPU worker pods: the pod settings every worker pod gets, and its labels.
 
 One ``KubernetesPodOperator`` per worker of a generation; the pod runs the same worker
 command as a local process. The pod: ``nvidia.com/gpu`` limit, node selector and
@@ -13,9 +13,8 @@ from __future__ import annotations
 import hashlib
 import re
 from datetime import timedelta
-from dataclasses import dataclass, field
 
-from kale_airflow.runtime.backends import WorkerSpec
+from kale_airflow.config import KubernetesWorkerConfig
 
 CHECKPOINT_MOUNT = "/checkpoints"
 
@@ -27,31 +26,6 @@ def label_value(text: str) -> str:
         digest = hashlib.sha1(text.encode()).hexdigest()[:8]
         clean = f"{clean[:54].strip('-._')}-{digest}"
     return clean or "x"
-
-
-@dataclass(frozen=True)
-class KubernetesWorkerConfig:
-    """Where and how GPU workers run (Helm values feed these)."""
-
-    image: str = "ghcr.io/kale-airflow/worker:0.1.0"
-    namespace: str = "kale-training"
-    gpus_per_worker: int = 1
-    cpu_request: str = "4"
-    memory_request: str = "16Gi"
-    memory_limit: str = "16Gi"
-    node_selector: dict = field(default_factory=lambda: {"nvidia.com/gpu.present": "true"})
-    tolerations: tuple = ({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},)
-    checkpoint_claim: str = "kale-checkpoints"
-    service_account: str = "kale-worker"
-    run_as_user: int = 1000
-    grace_period_s: int = 120
-    kubernetes_conn_id: str = "kubernetes_default"
-
-    def __post_init__(self):
-        if self.gpus_per_worker < 0:
-            raise ValueError(f"gpus_per_worker must be >= 0, got {self.gpus_per_worker}")
-        if self.run_as_user == 0:
-            raise ValueError("run_as_user 0 is root; workers run as a non-root user")
 
 
 # Labels on every worker pod; the autoscaler counts Running pods by the first one.
@@ -95,32 +69,6 @@ def pod_kwargs(cfg: KubernetesWorkerConfig) -> dict:
         retries=3,
         retry_delay=timedelta(seconds=30),
     )
-
-
-def worker_pod_operator(cfg: KubernetesWorkerConfig, spec: WorkerSpec, generation: str, worker_id: int,
-                        workers: int, assignment: dict, **operator_kwargs):
-    """The pod operator (a KubernetesPodOperator) for one worker of a generation."""
-    from kale_airflow.operators.worker_pod import WorkerPodOperator
-
-    cmd = spec.command(generation, worker_id, workers, assignment)
-    return WorkerPodOperator(
-        task_id=operator_kwargs.pop("task_id", f"worker_{worker_id}"),
-        name=f"kale-worker-{worker_id}",
-        cmds=cmd[:1],
-        arguments=cmd[1:],
-        labels={**WORKER_LABELS, "kale-airflow/generation": label_value(generation),
-                "kale-airflow/worker": str(worker_id)},
-        **pod_kwargs(cfg),
-        **operator_kwargs,
-    )
-
-
-def pod_manifest(operator) -> dict:
-    """The pod the operator would create, as a plain manifest (no cluster needed)."""
-    from kubernetes.client import ApiClient
-
-    pod = operator.build_pod_request_obj(dry_run=True)
-    return ApiClient().sanitize_for_serialization(pod)
 
 
 # Every Kubernetes API call made for the workers, all through KubernetesPodOperator's

@@ -27,91 +27,14 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from kale_airflow.core.slices import Slice, slices_for
+
 log = logging.getLogger("kale.worker")
-PHI = (math.sqrt(5) - 1) / 2
 _signalled: list[int] = []  # set by the signal handler, which is installed before torch loads
-
-
-@dataclass(frozen=True)
-class Slice:
-    """The part of a partition one worker consumes: ``frac(offset * phi)`` in [lo, hi)."""
-
-    partition: int
-    lo: float = 0.0
-    hi: float = 1.0
-
-    @property
-    def group_suffix(self) -> str:
-        """Commits are kept per slice so slices of one partition advance independently."""
-        return f"p{self.partition}:{self.lo:.6f}-{self.hi:.6f}"
-
-    def mask(self, offsets: np.ndarray) -> np.ndarray:
-        """Which offsets belong to this slice."""
-        if self.lo <= 0.0 and self.hi >= 1.0:
-            return np.ones(len(offsets), dtype=bool)
-        f = np.mod(offsets * PHI, 1.0)
-        return (f >= self.lo) & (f < self.hi)
-
-
-def partition_number(pid) -> int:
-    """Stream partition number of an assignment's partition id (``"7"``, ``"p007"`` or 7)."""
-    text = str(pid).lstrip("p")
-    if not text.isdigit():
-        raise ValueError(f"partition id {pid!r} does not name a stream partition (expected 7, '7' or 'p007')")
-    return int(text)
-
-
-def slices_for(assignment: dict, worker: int) -> list[Slice]:
-    """This worker's slices from an assignment document (worker -> [[partition, share]]).
-
-    Workers sharing a partition get consecutive ranges, ordered by worker id."""
-    raw = assignment.get("assignment", assignment)
-    owners: dict[str, list[tuple[int, float]]] = {}
-    for w, items in raw.items():
-        for p, share in items:
-            owners.setdefault(p, []).append((int(w), float(share)))
-    out = []
-    for p, holders in sorted(owners.items()):
-        lo = 0.0
-        for w, share in sorted(holders):
-            hi = 1.0 if w == max(h[0] for h in holders) else min(1.0, lo + share)
-            if w == worker:
-                out.append(Slice(partition_number(p), lo, hi))
-            lo = hi
-    return out
-
-
-def handover(stream, group: str, previous: dict | None, assignment: dict) -> dict[str, int]:
-    """Start positions for the slices of a new generation, committed before its workers start.
-
-    Slice boundaries change between generations, and commits are kept per slice. A new
-    slice starts at the lowest position reached by the previous slices *whose ranges
-    overlap it* (only they held its offsets), so no sample is skipped and little is
-    re-read. A slice whose range existed in an older generation (4 -> 6 -> 4 workers)
-    still has that generation's stale commit; the later of the two positions wins (the
-    offsets below either were trained), and a commit is never moved back, so running the
-    handover again is harmless. Returns {group key: new offset} for the moved commits."""
-    old: dict[int, list[tuple[float, float, int]]] = {}
-    if previous:
-        for w in previous.get("assignment", previous):
-            for sl in slices_for(previous, int(w)):
-                pos = stream.committed(f"{group}/{sl.group_suffix}", sl.partition)
-                old.setdefault(sl.partition, []).append((sl.lo, sl.hi, pos))
-    out = {}
-    for w in assignment.get("assignment", assignment):
-        for sl in slices_for(assignment, int(w)):
-            key = f"{group}/{sl.group_suffix}"
-            overlapping = [pos for lo, hi, pos in old.get(sl.partition, []) if lo < sl.hi and sl.lo < hi]
-            current = stream.committed(key, sl.partition)
-            if overlapping and min(overlapping) > current:
-                out[key] = min(overlapping)
-                stream.commit(key, {sl.partition: out[key]})
-    return out
 
 
 class Worker:
@@ -337,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
 
         metrics = EmbeddedMetrics(args.metrics_db, seed=False)
     if args.control_db:
-        from kale_airflow.state import StateStore
+        from kale_airflow.store import StateStore
 
         control = StateStore(args.control_db)
     worker = Worker(open_stream(args.stream), args.group, slices, args.checkpoint_dir, args.worker_id,

@@ -33,7 +33,7 @@ class ScalingSensor(BaseSensorOperator):
 
     def poke(self, context) -> PokeReturnValue:
         if self._autoscaler is None:
-            from kale_airflow.hooks.autoscaler import Autoscaler
+            from kale_airflow.control.autoscaler import Autoscaler
 
             self._autoscaler = Autoscaler.from_environment()
         decision, obs = self._autoscaler.poke()

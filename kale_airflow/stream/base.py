@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from kale_airflow.core.errors import KaleError
+
 
 @dataclass(frozen=True, slots=True)
 class Record:
@@ -40,18 +42,5 @@ class Stream(Protocol):
     def arrivals(self, since_ts: float, until_ts: float | None = None) -> dict[int, int]: ...
 
 
-class StreamError(RuntimeError):
+class StreamError(KaleError, RuntimeError):
     """The stream cannot serve the request; the message says what to check."""
-
-
-def open_stream(url: str) -> Stream:
-    """``sqlite:///path/stream.db`` (embedded) or ``kafka://host:port/topic`` (needs the kafka extra)."""
-    if url.startswith("sqlite:///"):
-        from kale_airflow.stream.embedded import EmbeddedStream
-
-        return EmbeddedStream(url[len("sqlite:///"):])
-    if url.startswith("kafka://"):
-        from kale_airflow.stream.kafka import KafkaStream
-
-        return KafkaStream.from_url(url)
-    raise StreamError(f"unknown stream URL {url!r}; use sqlite:///PATH or kafka://HOST:PORT/TOPIC")

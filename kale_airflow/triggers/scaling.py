@@ -24,7 +24,7 @@ class ScalingTrigger(BaseTrigger):
                 {"poll_interval_s": self.poll_interval_s, "max_polls": self.max_polls})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from kale_airflow.hooks.autoscaler import Autoscaler
+        from kale_airflow.control.autoscaler import Autoscaler
 
         autoscaler = await asyncio.to_thread(Autoscaler.from_environment)
         decision = obs = None

@@ -8,14 +8,12 @@ or the UI's session cookie); anonymous requests get 401.
 from __future__ import annotations
 
 import html
-import io
 import os
 import time
 
+from airflow.api_fastapi.core_api.security import get_user
 from fastapi import Depends, FastAPI
 from fastapi.responses import HTMLResponse, Response
-
-from airflow.api_fastapi.core_api.security import get_user
 
 app = FastAPI(title="Kale", description="Kale autoscaler: forecasts, workers and decisions",
               dependencies=[Depends(get_user)])
@@ -23,9 +21,9 @@ app = FastAPI(title="Kale", description="Kale autoscaler: forecasts, workers and
 
 def _store():
     from kale_airflow.config import settings
-    from kale_airflow.state import StateStore
+    from kale_airflow.store import StateStore
 
-    return StateStore(settings().home / "state.db")
+    return StateStore(settings().state_db)
 
 
 def _state(limit: int = 500) -> dict:
@@ -38,7 +36,12 @@ def _state(limit: int = 500) -> dict:
 def _models(cfg) -> list[dict]:
     """Champion and challenger versions with links into the MLflow UI (empty if unreachable)."""
     from kale_airflow.registry.mlflow_registry import (
-        CHALLENGER, CHAMPION, FORECASTER_MODEL, THROUGHPUT_MODEL, RegistryUnavailable, mlflow_at,
+        CHALLENGER,
+        CHAMPION,
+        FORECASTER_MODEL,
+        THROUGHPUT_MODEL,
+        RegistryUnavailable,
+        mlflow_at,
     )
 
     ui = os.environ.get("KALE_MLFLOW_UI_URL", "http://localhost:5000").rstrip("/")
@@ -69,38 +72,10 @@ def state() -> dict:
 def plot() -> Response:
     """Forecast vs actual traffic with the forecast band and the workers' capacity, and the
     worker count against what the forecast needs, with each rescale's reason."""
-    import matplotlib
+    from kale_airflow.reporting.plots import plot_decisions, png_bytes
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ds = _store().decisions(2000)  # the state store only: no MLflow round trip for the image
-    fig, ax = plt.subplots(2, 1, figsize=(11, 6), sharex=True, constrained_layout=True)
-    if ds:
-        t0 = ds[-1]["ts"]
-        t = [(d["ts"] - t0) / 60 for d in ds]
-        actual = [d.get("arrival_rate") for d in ds]
-        upper = [d.get("forecast_upper") for d in ds]
-        ax[0].plot(t, actual, color="black", lw=1, label="actual traffic (samples/s)")
-        ax[0].fill_between(t, [a or 0 for a in actual], [u or 0 for u in upper], color="tab:blue", alpha=0.25,
-                           label="forecast band (actual to upper quantile)")
-        ax[0].plot(t, upper, color="tab:blue", lw=1, label="forecast upper quantile")
-        ax[0].step(t, [d.get("capacity") for d in ds], where="post", color="tab:green", lw=1,
-                   label="capacity of the running workers (throughput model)")
-        ax[1].step(t, [d["workers"] for d in ds], where="post", color="tab:green", label="running workers")
-        ax[1].plot(t, [d.get("need") for d in ds], color="tab:orange", lw=0.8, label="workers the forecast needs")
-        for d, x in zip(ds, t):
-            if d["target"] != d["workers"]:
-                ax[1].annotate(d["reason"].replace("_", " "), (x, d["target"]), fontsize=7, rotation=30)
-    ax[0].set_ylabel("samples/s")
-    ax[0].legend(fontsize=8, loc="upper left")
-    ax[1].set_ylabel("workers")
-    ax[1].set_xlabel("minutes (0 = latest decision)")
-    ax[1].legend(fontsize=8, loc="upper left")
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    return Response(buf.getvalue(), media_type="image/png")
+    decisions = _store().decisions(2000)  # the control store only: no MLflow round trip for the image
+    return Response(png_bytes(plot_decisions(decisions)), media_type="image/png")
 
 
 def _link(m: dict) -> str:

@@ -45,7 +45,7 @@ def test_dags_and_config_ship_as_configmaps(chart):
     assert set(maps["kale-dags"]["data"]) == {p.name for p in DAGS.glob("*.py")}
     assert maps["kale-dags"]["data"]["kale_autoscaler.py"] == (DAGS / "kale_autoscaler.py").read_text()
     config = yaml.safe_load(maps["kale-config"]["data"]["kale.yaml"])
-    from kale_airflow.deployment import Deployment
+    from kale_airflow.config import Deployment
 
     Deployment(**config)  # the chart's default config is a valid deployment
     assert "KALE_CONFIG" in notes["kale-airflow/templates/NOTES.txt"]

@@ -1,9 +1,19 @@
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
 
+from kale_airflow.core.backtest import forecast_from
 from kale_airflow.core.forecast import (
-    ForecastError, Forecaster, SeasonalNaiveForecaster, forecaster_names, get_forecaster, register_forecaster,
+    CAPABILITIES,
+    Forecaster,
+    ForecasterBase,
+    ForecastError,
+    SeasonalNaiveForecaster,
+    forecaster_names,
+    get_forecaster,
+    register_forecaster,
 )
 from tests.conftest import daily_series
 
@@ -99,3 +109,45 @@ def test_forecast_uses_only_the_history_it_was_given():
     changed.iloc[-100:] *= 10  # the "future"
     b = SeasonalNaiveForecaster().fit(changed.iloc[:-100]).predict(12)
     pd.testing.assert_frame_equal(a, b)
+
+
+@pytest.mark.parametrize("name", forecaster_names())
+def test_every_registered_forecaster_declares_capabilities_matching_its_methods(name):
+    f = get_forecaster(name)
+    assert isinstance(f, Forecaster)
+    for flag, methods in CAPABILITIES.items():
+        declared = getattr(type(f), flag)
+        assert isinstance(declared, bool), f"{name}: {flag} must be a bool class attribute"
+        for method in methods:
+            has = callable(getattr(f, method, None))
+            assert has == declared, f"{name} declares {flag}={declared} but {method} is {'' if has else 'not '}there"
+
+
+def test_capabilities_are_off_unless_declared():
+    assert all(getattr(ForecasterBase, flag) is False for flag in CAPABILITIES)
+    assert (SeasonalNaiveForecaster.supports_forecast, SeasonalNaiveForecaster.supports_fit_values,
+            SeasonalNaiveForecaster.supports_save) == (True, True, False)
+    # Class attributes, not constructor options (or fields of the dataclass).
+    assert not set(CAPABILITIES) & {f.name for f in dataclasses.fields(SeasonalNaiveForecaster)}
+
+
+def test_forecast_from_follows_the_declaration(daily):
+    calls = []
+
+    class RefitOnly(SeasonalNaiveForecaster):
+        supports_forecast = False  # the inherited forecast method is not to be used
+
+        def fit(self, history):
+            calls.append(len(history))
+            return super().fit(history)
+
+        def forecast(self, history, horizon):
+            raise AssertionError("forecast called although the forecaster does not declare it")
+
+    forecast_from(RefitOnly(), daily, 6)
+    assert calls == [len(daily)]
+
+
+def test_predict_before_fit_is_refused():
+    with pytest.raises(ForecastError, match="call fit"):
+        SeasonalNaiveForecaster().predict(3)

@@ -8,7 +8,14 @@ import pytest
 
 from kale_airflow.core.policies import Decision, Reason, StaticPolicy
 from kale_airflow.core.simulator import (
-    ALL_POLICIES, SimConfig, SimulationError, Workload, build_policy, build_workload, fluid_gpu_hours, run_policy,
+    ALL_POLICIES,
+    SimConfig,
+    SimulationError,
+    Workload,
+    build_policy,
+    build_workload,
+    fluid_gpu_hours,
+    run_policy,
     simulate,
 )
 from kale_airflow.core.throughput import ClusterModel

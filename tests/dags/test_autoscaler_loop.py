@@ -9,7 +9,7 @@ import time
 import pytest
 import yaml
 
-from kale_airflow.state import StateStore
+from kale_airflow.store import StateStore
 from kale_airflow.stream.embedded import EmbeddedStream
 
 pytestmark = pytest.mark.slow

@@ -8,10 +8,11 @@ import numpy as np
 import psutil
 import pytest
 
+from kale_airflow.core.slices import Slice, slices_for
 from kale_airflow.runtime.backends import LocalWorkers, WorkerSpec
 from kale_airflow.runtime.samples import generate, pack
-from kale_airflow.runtime.worker import Slice, Worker, slices_for
-from kale_airflow.state import StateStore
+from kale_airflow.runtime.worker import Worker
+from kale_airflow.store import StateStore
 from kale_airflow.stream.embedded import EmbeddedStream
 
 
@@ -170,7 +171,7 @@ def test_supervisor_gives_up_on_a_crash_loop_and_passes_exit_code_0_through(capf
 
 
 def test_handover_starts_new_slices_where_the_old_ones_stopped(stream, tmp_path):
-    from kale_airflow.runtime.worker import handover
+    from kale_airflow.control.generations import handover
 
     old = {"assignment": {"0": [["0", 1.0]], "1": [["1", 1.0], ["2", 1.0]]}}
     for w in (0, 1):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kale_airflow.state import StateStore
+from kale_airflow.store import StateStore
 
 pytestmark = pytest.mark.slow
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

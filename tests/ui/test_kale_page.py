@@ -4,10 +4,10 @@ decisions, models and the plot from a recorded autoscaler history."""
 import time
 
 import pytest
+from airflow.api_fastapi.core_api.security import get_user
 from fastapi.testclient import TestClient
 
-from airflow.api_fastapi.core_api.security import get_user
-from kale_airflow.state import StateStore
+from kale_airflow.store import StateStore
 from kale_airflow.ui.app import app
 from kale_airflow.ui.plugin import KalePlugin
 

@@ -22,6 +22,9 @@ Stages (each a small pure function, tested on its own):
 Workers Pending for lack of capacity (``Observation.ready_workers`` below the count) block
 further scale-ups (``HOLD_PENDING``): more pods would only queue behind them.
 
+With no generation running, :meth:`KalePolicy.first_start` runs the stages as if
+``min_workers`` ran and starts directly at ``level`` (no stabilization).
+
 Inputs are abstract: a :class:`ForecastSource` (online forecaster, or the oracle's true
 future) and a capacity table (a fitted :class:`ThroughputModel`, or the oracle's true
 cluster model).
@@ -32,12 +35,12 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 import pandas as pd
 
-from kale_airflow.core.forecast import ForecastError, Forecaster, quantile_column
+from kale_airflow.core.forecast import Forecaster, ForecastError, quantile_column
 from kale_airflow.core.policies.base import Decision, Limits, Observation, Reason
 from kale_airflow.core.throughput import ThroughputModel, ThroughputModelError, monotone, workers_for_rate
 
@@ -74,9 +77,24 @@ class KaleConfig:
 
 
 class ForecastSource(Protocol):
-    """Where Kale's view of future traffic comes from."""
+    """Where Kale's view of future traffic comes from.
+
+    ``stateful`` declares whether the source has state worth persisting between sensor
+    pokes: :class:`KalePolicy` saves ``state_dict()`` (and restores it through
+    ``load_state_dict``) only then. A stateless source implements both as no-ops.
+    """
+
+    stateful: bool
 
     def observe(self, now_s: float, rate: float | None) -> None: ...
+
+    def state_dict(self) -> dict:
+        """JSON-friendly state (``{}`` for a stateless source)."""
+        ...
+
+    def load_state_dict(self, state: dict) -> None:
+        """Inverse of :meth:`state_dict` (a no-op for a stateless source)."""
+        ...
 
     def upper(self, now_s: float, horizon_s: float) -> tuple[float | None, str]:
         """Max upper-quantile rate over (now, now + horizon]; (None, why) if unavailable."""
@@ -145,7 +163,7 @@ class WindowMax:
         while q and q[-1][1] <= value:
             q.pop()
         q.append((t, value))
-        while q[0][0] <= t - self.window_s - 1e-9:
+        while len(q) > 1 and q[0][0] <= t - self.window_s - 1e-9:  # the newest value always counts
             q.popleft()
         return q[0][1]
 
@@ -157,15 +175,123 @@ def scale_down_worth_it(current: int, target: int, cfg: KaleConfig) -> tuple[boo
     return saved > cost, saved, cost
 
 
+@dataclass(frozen=True)
+class Sizing:
+    """Stages 1-2 for one tick: workers needed over the look-ahead (``need``) and over
+    twice it (``level``), whether the SLO is at risk, and the forecast they came from."""
+
+    need: int
+    level: int
+    at_risk: bool
+    forecast_upper: float
+    source: str
+
+    def details(self) -> dict:
+        """The details every decision after the rescaling check carries."""
+        return {"need": self.need, "level": self.level, "forecast_upper": round(self.forecast_upper, 3),
+                "source": self.source}
+
+
+def forecast_uppers(forecast: ForecastSource, now: float, cfg: KaleConfig) -> tuple[float, float, str]:
+    """Stage 1 input: the forecast's upper bound over one and over two look-aheads, and its
+    source. While the forecast is unavailable, the documented fallback: the recent peak
+    (over one look-ahead) plus ``fallback_margin``, for both."""
+    up1, source = forecast.upper(now, cfg.lookahead_s)
+    up2, _ = forecast.upper(now, 2 * cfg.lookahead_s)
+    if up1 is None or up2 is None:
+        fb = (forecast.recent_max(now, cfg.lookahead_s) or 0.0) * (1 + cfg.fallback_margin)
+        up1 = up2 = fb
+        source = f"fallback ({source})"
+    return up1, up2, source
+
+
+def recent_rate(forecast: ForecastSource, now: float, arrival_rate: float | None, cfg: KaleConfig) -> float:
+    """Stage 1 floor: the peak of the last ``recent_window_s``, never below the rate arriving now."""
+    recent = forecast.recent_max(now, cfg.recent_window_s) or 0.0
+    if arrival_rate is not None:
+        recent = max(recent, arrival_rate)
+    return recent
+
+
+def size_workers(up1: float, up2: float, recent: float, obs: Observation, cfg: KaleConfig,
+                 workers: Callable[[float], int]) -> tuple[int, int, bool]:
+    """Stages 1-2: ``(need, level, at_risk)``. ``need`` covers the upper bound over one
+    look-ahead (``up1``), ``level`` the one over two (``up2``) and at least ``need``; on SLO
+    risk ``need`` adds the rate that drains the backlog in time. ``workers`` maps samples/s
+    to a clamped worker count."""
+    need = workers(required_rate(up1, recent, cfg))
+    level = max(need, workers(required_rate(up2, recent, cfg)))
+    at_risk = slo_at_risk(obs.freshness_lag_s, cfg)
+    if at_risk:
+        extra = drain_rate(obs.backlog or 0.0, obs.freshness_lag_s, cfg)
+        need = workers(required_rate(up1, recent, cfg) + extra)
+        level = max(level, need)
+    return need, level, at_risk
+
+
+def scale_up_decision(obs: Observation, sizing: Sizing, up_held: bool, cfg: KaleConfig, details: dict) -> Decision:
+    """Stages 2-3, when ``need`` exceeds the current count: hold while workers are Pending;
+    on SLO risk scale to ``level`` now; otherwise once the need has held for the up window
+    (``up_held``), else wait."""
+    current, need, level = obs.workers, sizing.need, sizing.level
+    if obs.ready_workers is not None and obs.ready_workers < current:
+        # More pods would queue behind the ones already waiting for GPUs: hold, do not oscillate.
+        return Decision(current, Reason.HOLD_PENDING,
+                        f"{current - obs.ready_workers} of {current} workers are Pending for lack of capacity; "
+                        f"holding at {current} instead of asking for {level}", details)
+    if sizing.at_risk:
+        return Decision(level, Reason.SCALE_UP_SLO_RISK,
+                        f"freshness lag {obs.freshness_lag_s:.0f}s > {cfg.slo_risk_fraction * cfg.slo_s:.0f}s: "
+                        f"scale up now {current} -> {level}", details)
+    if up_held:
+        return Decision(level, Reason.SCALE_UP_FORECAST,
+                        f"{sizing.source} needs {need} workers within {duration(cfg.lookahead_s)} "
+                        f"(> {current}); scale to {level} for the next {duration(2 * cfg.lookahead_s)}",
+                        details)
+    return Decision(current, Reason.HOLD_STABILIZING,
+                    f"need {need} > {current}; waiting until it holds {cfg.up_window_s:.0f}s", details)
+
+
+def scale_down_decision(obs: Observation, target: int, count_held: bool, cfg: KaleConfig, details: dict) -> Decision:
+    """Stage 4, when ``need`` does not exceed the current count: scale down to ``target``
+    (the largest level of the down window) only with complete metrics, below the
+    tolerance band, after the count has run the down window (``count_held``) and when the
+    GPU time saved beats the downtime cost; otherwise hold, saying which check failed."""
+    current = obs.workers
+    if obs.arrival_rate is None or obs.backlog is None:
+        return Decision(current, Reason.HOLD_MISSING_METRICS,
+                        "arrival rate or backlog missing: never scale down on missing data", details)
+    if target >= current:
+        return Decision(current, Reason.HOLD, f"{current} workers cover the forecast (level {target})", details)
+    if target > current * (1 - cfg.down_tolerance):
+        return Decision(current, Reason.HOLD_TOLERANCE,
+                        f"level {target} is within {cfg.down_tolerance:.0%} of {current}", details)
+    if not count_held:
+        return Decision(current, Reason.HOLD_STABILIZING,
+                        f"level {target} < {current}, but {current} has run < {duration(cfg.down_window_s)}",
+                        details)
+    worth, saved, cost = scale_down_worth_it(current, target, cfg)
+    if not worth:
+        return Decision(current, Reason.HOLD_NOT_WORTH_DOWNTIME,
+                        f"saving {saved / 3600:.2f} GPU-h does not beat downtime cost {cost / 3600:.2f} GPU-h",
+                        details)
+    return Decision(target, Reason.SCALE_DOWN_FORECAST,
+                    f"level {target} held for {duration(cfg.down_window_s)}; saves {saved / 3600:.2f} GPU-h "
+                    f"over {cost / 3600:.2f} GPU-h downtime cost", details)
+
+
 # ------------------------------------------------------------------------- sources
 class OnlineForecastSource:
     """Feeds observed rates into bins and keeps a forecast of the next hours.
 
     Every ``refresh_every_s`` (default: each bin) the forecast is renewed from the bins
-    so far. Cheap forecasters are simply refitted; heavy ones (with a ``forecast(history,
-    h)`` method, like NeuralProphet) are retrained every ``retrain_every_s`` and only
-    predict in between. Only completed bins (strictly in the past) reach the forecaster.
+    so far. Forecasters declaring ``supports_fit_values`` are refitted on the raw bins;
+    others that declare ``supports_forecast`` (like NeuralProphet) are retrained every
+    ``retrain_every_s`` and only forecast in between; the rest are refitted. Only
+    completed bins (strictly in the past) reach the forecaster.
     """
+
+    stateful = True  # the bins are worth persisting between pokes
 
     def __init__(self, forecaster: Forecaster, *, bin_s: float = 300.0, quantile: float = 0.9,
                  history_s: float = 21 * 86400.0, max_horizon_s: float = 7200.0,
@@ -182,7 +308,7 @@ class OnlineForecastSource:
         self._horizon = int(math.ceil(max_horizon_s / bin_s)) + self._refresh_bins
         self._trained_at: int | None = None  # bin index of the last full training
         # A registered champion is already trained: only forecast with it, never refit.
-        self._pretrained = pretrained and hasattr(forecaster, "forecast")
+        self._pretrained = pretrained and forecaster.supports_forecast
         self._buf = np.zeros(2 * self._keep)  # ring of completed bin means, compacted when full
         self._len = 0
         self._last_bin: int | None = None  # index of the last completed bin
@@ -242,7 +368,7 @@ class OnlineForecastSource:
             return
         f = self.forecaster
         try:
-            if hasattr(f, "fit_values"):  # skips building a pandas index every few minutes
+            if f.supports_fit_values:  # skips building a pandas index every few minutes
                 f.fit_values(bins.copy(), self.bin_s, pd.Timestamp(self._last_bin * self.bin_s, unit="s"))
                 upper = f.predict_arrays(self._horizon)[1][self._qi]
             else:
@@ -251,7 +377,7 @@ class OnlineForecastSource:
                 series = pd.Series(bins.copy(), index=idx)
                 due = (self._trained_at is None or self._retrain_bins is None
                        or self._last_bin - self._trained_at >= self._retrain_bins)
-                if (due or not hasattr(f, "forecast")) and not self._pretrained:
+                if (due or not f.supports_forecast) and not self._pretrained:
                     f.fit(series)
                     self._trained_at = self._last_bin
                     frame = f.predict(self._horizon)
@@ -316,6 +442,8 @@ class OnlineForecastSource:
 class OracleForecastSource:
     """The true future, binned like the online source (for the oracle limit only)."""
 
+    stateful = False  # the future is given, nothing is learned
+
     def __init__(self, start_s: float, tick_s: float, rates: np.ndarray, bin_s: float = 300.0):
         self.bin_s = bin_s
         b0 = int(start_s // bin_s)
@@ -328,6 +456,13 @@ class OracleForecastSource:
 
     def observe(self, now_s: float, rate: float | None) -> None:
         """The oracle needs no observations."""
+
+    def state_dict(self) -> dict:
+        """Nothing to persist."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Nothing to restore."""
 
     def upper(self, now_s: float, horizon_s: float) -> tuple[float | None, str]:
         """Exact max bin mean over the look-ahead."""
@@ -414,7 +549,7 @@ class KalePolicy:
         so a policy can be rebuilt between sensor pokes and DAG runs."""
         state = {"levels": self._levels.state_dict(), "count": self._count, "count_since": self._count_since,
                  "up_since": self._up_since}
-        if hasattr(self.forecast, "state_dict"):
+        if self.forecast.stateful:
             state["forecast"] = self.forecast.state_dict()
         return state
 
@@ -423,7 +558,7 @@ class KalePolicy:
         self._levels.load_state_dict(state.get("levels", []))
         self._count, self._count_since, self._up_since = state.get("count"), state.get("count_since"), \
             state.get("up_since")
-        if "forecast" in state and hasattr(self.forecast, "load_state_dict"):
+        if "forecast" in state and self.forecast.stateful:
             self.forecast.load_state_dict(state["forecast"])
 
     def _workers_for(self, rate: float) -> int:
@@ -431,6 +566,29 @@ class KalePolicy:
         if table is None:
             return self.limits.upper
         return workers_for_rate(table, rate)
+
+    def _clamped_workers_for(self, rate: float) -> int:
+        """Workers for ``rate`` samples/s, clamped to the limits (stage 5)."""
+        return self.limits.clamp(self._workers_for(rate))
+
+    def _size(self, obs: Observation) -> Sizing:
+        """Stages 1-2 for this tick, from the forecast source and the observation."""
+        cfg, now = self.config, obs.now_s
+        up1, up2, source = forecast_uppers(self.forecast, now, cfg)
+        recent = recent_rate(self.forecast, now, obs.arrival_rate, cfg)
+        need, level, at_risk = size_workers(up1, up2, recent, obs, cfg, self._clamped_workers_for)
+        return Sizing(need, level, at_risk, up1, source)
+
+    def _stabilize(self, now: float, current: int, sizing: Sizing) -> int:
+        """Stages 3-4 bookkeeping: start the windows over after a rescale, record this tick's
+        level and since when ``need`` exceeds the count. Returns the largest level of the
+        down window (the scale-down target)."""
+        if self._count != current:  # a rescale happened: stabilization starts over
+            self._count, self._count_since, self._up_since = current, now, None
+            self._levels.reset()
+        target = self._levels.push(now, sizing.level)
+        self._up_since = (self._up_since if self._up_since is not None else now) if sizing.need > current else None
+        return target
 
     def decide(self, obs: Observation) -> Decision:
         """Observe, then run the stages."""
@@ -440,72 +598,26 @@ class KalePolicy:
             self.capacity.observe(now, current, obs.throughput)
         if obs.rescaling:
             return Decision(current, Reason.HOLD_RESCALING, "rescale in progress; waiting for workers to restore")
+        sizing = self._size(obs)
+        target = self._stabilize(now, current, sizing)
+        details = sizing.details()
+        if sizing.need > current:
+            return scale_up_decision(obs, sizing, held_for(self._up_since, now, cfg.up_window_s), cfg, details)
+        return scale_down_decision(obs, target, held_for(self._count_since, now, cfg.down_window_s), cfg, details)
 
-        up1, source = self.forecast.upper(now, cfg.lookahead_s)
-        up2, _ = self.forecast.upper(now, 2 * cfg.lookahead_s)
-        if up1 is None or up2 is None:
-            # Documented fallback: the recent peak plus a margin, until forecasts return.
-            fb = (self.forecast.recent_max(now, cfg.lookahead_s) or 0.0) * (1 + cfg.fallback_margin)
-            up1 = up2 = fb
-            source = f"fallback ({source})"
-        recent = self.forecast.recent_max(now, cfg.recent_window_s) or 0.0
-        if obs.arrival_rate is not None:
-            recent = max(recent, obs.arrival_rate)
-        clamp = self.limits.clamp
-        need = clamp(self._workers_for(required_rate(up1, recent, cfg)))
-        level = max(need, clamp(self._workers_for(required_rate(up2, recent, cfg))))
-        at_risk = slo_at_risk(obs.freshness_lag_s, cfg)
-        if at_risk:
-            extra = drain_rate(obs.backlog or 0.0, obs.freshness_lag_s, cfg)
-            need = self.limits.clamp(self._workers_for(required_rate(up1, recent, cfg) + extra))
-            level = max(level, need)
+    def first_start(self, obs: Observation) -> Decision:
+        """Decision when no training generation runs (``obs.workers == 0``).
 
-        if self._count != current:  # a rescale happened: stabilization starts over
-            self._count, self._count_since, self._up_since = current, now, None
-            self._levels.reset()
-        target = self._levels.push(now, level)
-        self._up_since = (self._up_since if self._up_since is not None else now) if need > current else None
-        details = {"need": need, "level": level, "forecast_upper": round(up1, 3), "source": source}
-
-        pending = obs.ready_workers is not None and obs.ready_workers < current
-        if need > current and pending:
-            # More pods would queue behind the ones already waiting for GPUs: hold, do not oscillate.
-            return Decision(current, Reason.HOLD_PENDING,
-                            f"{current - obs.ready_workers} of {current} workers are Pending for lack of capacity; "
-                            f"holding at {current} instead of asking for {level}", details)
-        if need > current:
-            if at_risk:
-                return Decision(level, Reason.SCALE_UP_SLO_RISK,
-                                f"freshness lag {obs.freshness_lag_s:.0f}s > {cfg.slo_risk_fraction * cfg.slo_s:.0f}s: "
-                                f"scale up now {current} -> {level}", details)
-            if held_for(self._up_since, now, cfg.up_window_s):
-                return Decision(level, Reason.SCALE_UP_FORECAST,
-                                f"{source} needs {need} workers within {duration(cfg.lookahead_s)} "
-                                f"(> {current}); scale to {level} for the next {duration(2 * cfg.lookahead_s)}",
-                                details)
-            return Decision(current, Reason.HOLD_STABILIZING,
-                            f"need {need} > {current}; waiting until it holds {cfg.up_window_s:.0f}s", details)
-
-        if obs.arrival_rate is None or obs.backlog is None:
-            return Decision(current, Reason.HOLD_MISSING_METRICS,
-                            "arrival rate or backlog missing: never scale down on missing data", details)
-        if target >= current:
-            return Decision(current, Reason.HOLD, f"{current} workers cover the forecast (level {target})", details)
-        if target > current * (1 - cfg.down_tolerance):
-            return Decision(current, Reason.HOLD_TOLERANCE,
-                            f"level {target} is within {cfg.down_tolerance:.0%} of {current}", details)
-        if not held_for(self._count_since, now, cfg.down_window_s):
-            return Decision(current, Reason.HOLD_STABILIZING,
-                            f"level {target} < {current}, but {current} has run < {duration(cfg.down_window_s)}",
-                            details)
-        worth, saved, cost = scale_down_worth_it(current, target, cfg)
-        if not worth:
-            return Decision(current, Reason.HOLD_NOT_WORTH_DOWNTIME,
-                            f"saving {saved / 3600:.2f} GPU-h does not beat downtime cost {cost / 3600:.2f} GPU-h",
-                            details)
-        return Decision(target, Reason.SCALE_DOWN_FORECAST,
-                        f"level {target} held for {duration(cfg.down_window_s)}; saves {saved / 3600:.2f} GPU-h "
-                        f"over {cost / 3600:.2f} GPU-h downtime cost", details)
+        The stages run as if ``min_workers`` were running with no backlog (the observed
+        arrival rate still counts); the generation then starts directly at the level they
+        ask for, without stabilization, clamped to the limits and never below
+        ``min_workers`` (so never 0). The reason is always ``SCALE_UP_FORECAST``.
+        """
+        limits = self.limits
+        d = self.decide(Observation(obs.now_s, limits.min_workers, obs.arrival_rate, 0.0, 0.0, None, None, False))
+        n = limits.clamp(max(d.details.get("level", d.workers), limits.min_workers))
+        return Decision(n, Reason.SCALE_UP_FORECAST, f"no training generation is running; starting {n} worker(s)",
+                        d.details)
 
 
 def make_online_kale(limits: Limits, forecaster: Forecaster, profile: tuple, config: KaleConfig | None = None,

@@ -4,7 +4,14 @@ import numpy as np
 import pytest
 
 from kale_airflow.core.policies import (
-    AutopilotConfig, AutopilotPolicy, KEDAConfig, KEDAPolicy, Limits, Observation, Reason, StaticPolicy,
+    AutopilotConfig,
+    AutopilotPolicy,
+    KEDAConfig,
+    KEDAPolicy,
+    Limits,
+    Observation,
+    Reason,
+    StaticPolicy,
 )
 from kale_airflow.core.policies.simple import weighted_percentile
 

@@ -4,7 +4,11 @@ import pytest
 
 from kale_airflow.core.policies import HPAConfig, HPAPolicy, Limits, Observation, Reason
 from kale_airflow.core.policies.hpa import (
-    replicas_for_average_value, replicas_for_utilization, scale_down_limit, scale_up_limit, stabilize,
+    replicas_for_average_value,
+    replicas_for_utilization,
+    scale_down_limit,
+    scale_up_limit,
+    stabilize,
 )
 
 CFG = HPAConfig()

@@ -1,12 +1,25 @@
 """The Kale policy: each stage on its own (tables), then scenarios through ``decide``."""
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kale_airflow.core.forecast import SeasonalNaiveForecaster
 from kale_airflow.core.policies import KaleConfig, KalePolicy, Limits, Observation, Reason
+from kale_airflow.core.policies.base import Decision
 from kale_airflow.core.policies.kale import (
-    KnownCapacity, OnlineForecastSource, WindowMax, drain_rate, held_for, required_rate, scale_down_worth_it,
+    KnownCapacity,
+    OnlineForecastSource,
+    OracleForecastSource,
+    Sizing,
+    WindowMax,
+    drain_rate,
+    held_for,
+    required_rate,
+    scale_down_decision,
+    scale_down_worth_it,
+    scale_up_decision,
+    size_workers,
     slo_at_risk,
 )
 from kale_airflow.core.throughput import ClusterModel
@@ -18,6 +31,8 @@ CLUSTER = ClusterModel(noise_sd=0.0)
 
 class ScriptedForecast:
     """A forecast source whose upper bound follows a script: a test input, not our logic."""
+
+    stateful = False
 
     def __init__(self, upper_by_time):
         self.upper_by_time = upper_by_time  # callable now -> float | None
@@ -33,6 +48,12 @@ class ScriptedForecast:
 
     def recent_max(self, now_s, window_s):
         return self.recent
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
 
 
 def kale(script, limits=Limits(1, 64), **cfg):
@@ -89,6 +110,14 @@ def test_window_max_matches_brute_force(steps):
         t += dt * 5.0
         seen.append((t, v))
         assert wm.push(t, v) == max(x for s, x in seen if s > t - 30.0 - 1e-9)
+
+
+@pytest.mark.parametrize("window", [0.0, 15.0], ids=["zero-window", "short-window"])
+def test_window_max_at_epoch_timestamps_keeps_the_newest_value(window):
+    # At t ~ 1.8e9 a 1e-9 tolerance is below float resolution: the newest value was dropped (IndexError).
+    wm, t = WindowMax(window), 1_800_000_000.0
+    assert wm.push(t, 7) == 7
+    assert wm.push(t + 60, 3) == 3
 
 
 # ------------------------------------------------------------------ scenarios
@@ -217,3 +246,165 @@ def test_pending_workers_block_further_scale_ups_but_not_scale_downs():
     q = kale(lambda t: 1_000.0)
     ds = [q.decide(obs(t, 10, rate=1_000, ready_workers=6)) for t in range(0, 2000, 15)]
     assert ds[-1].reason == Reason.SCALE_DOWN_FORECAST  # a smaller generation may fit the capacity
+
+
+# ------------------------------------------------------------ stage helpers
+@pytest.mark.parametrize(
+    "up1, up2, fresh, backlog, expected",
+    [
+        (5_000, 5_000, 0, 0, (CLUSTER.workers_for(5_150, 64), CLUSTER.workers_for(5_150, 64), False)),
+        (5_000, 20_000, 0, 0, (CLUSTER.workers_for(5_150, 64), CLUSTER.workers_for(20_600, 64), False)),
+        (5_000, 5_000, 200, 600_000, (CLUSTER.workers_for(5_150 + 600_000 / 60, 64),
+                                      CLUSTER.workers_for(5_150 + 600_000 / 60, 64), True)),
+    ],
+    ids=["flat", "level-looks-further", "slo-risk-drains-backlog"],
+)
+def test_size_workers(up1, up2, fresh, backlog, expected):
+    clamp = Limits(1, 64).clamp
+    workers = lambda rate: clamp(CLUSTER.workers_for(rate, 64))  # noqa: E731
+    o = obs(0, 4, rate=0.0, backlog=backlog, fresh=fresh)
+    assert size_workers(up1, up2, 0.0, o, CFG, workers) == expected
+
+
+DETAILS = {"need": 9, "level": 12}
+
+
+@pytest.mark.parametrize(
+    "o, at_risk, held, expected",
+    [
+        (obs(0, 5, ready_workers=3), True, True, (5, Reason.HOLD_PENDING)),
+        (obs(0, 5, fresh=200), True, False, (12, Reason.SCALE_UP_SLO_RISK)),
+        (obs(0, 5), False, True, (12, Reason.SCALE_UP_FORECAST)),
+        (obs(0, 5), False, False, (5, Reason.HOLD_STABILIZING)),
+    ],
+    ids=["pending-first", "slo-risk-now", "held-window", "not-yet"],
+)
+def test_scale_up_decision(o, at_risk, held, expected):
+    d = scale_up_decision(o, Sizing(9, 12, at_risk, 1.0, "forecast"), held, CFG, DETAILS)
+    assert (d.workers, d.reason) == expected and d.details is DETAILS
+
+
+@pytest.mark.parametrize(
+    "o, target, held, expected",
+    [
+        (Observation(0, 10), 2, True, (10, Reason.HOLD_MISSING_METRICS)),
+        (obs(0, 10), 10, True, (10, Reason.HOLD)),
+        (obs(0, 20), 19, True, (20, Reason.HOLD_TOLERANCE)),
+        (obs(0, 10), 5, False, (10, Reason.HOLD_STABILIZING)),
+        (obs(0, 40), 30, True, (40, Reason.HOLD_NOT_WORTH_DOWNTIME)),
+        (obs(0, 10), 5, True, (5, Reason.SCALE_DOWN_FORECAST)),
+    ],
+    ids=["missing-metrics", "covers", "tolerance", "count-too-young", "not-worth", "down"],
+)
+def test_scale_down_decision(o, target, held, expected):
+    # A 10-minute look-ahead: saving 10 of 40 workers for it does not beat 40 restarts' cost.
+    d = scale_down_decision(o, target, held, KaleConfig(lookahead_s=600), DETAILS)
+    assert (d.workers, d.reason) == expected
+
+
+# --------------------------------------------------------------- first start
+class HorizonForecast(ScriptedForecast):
+    """Upper bound ``near`` within one look-ahead and ``far`` beyond it."""
+
+    def __init__(self, near, far):
+        super().__init__(lambda t: near)
+        self.far = far
+
+    def upper(self, now_s, horizon_s):
+        return (self.upper_by_time(now_s) if horizon_s <= CFG.lookahead_s else self.far), "forecast"
+
+
+def first(limits, upper, rate, **kw):
+    p = kale(lambda t: upper, limits=limits)
+    return p.first_start(Observation(now_s=0.0, workers=0, arrival_rate=rate, **kw))
+
+
+@pytest.mark.parametrize(
+    "limits, upper, rate, expected",
+    [
+        (Limits(1, 64), 20_000.0, 5_000.0, CLUSTER.workers_for(20_600, 64)),
+        (Limits(1, 64), 1_000.0, 20_000.0, CLUSTER.workers_for(20_600, 64)),
+        (Limits(1, 64), 20_000.0, None, CLUSTER.workers_for(20_600, 64)),
+        (Limits(1, 64), 0.0, 0.0, 1),
+        (Limits(3, 64), 0.0, 0.0, 3),
+        (Limits(1, 16), 1e9, 1e9, 16),
+        (Limits(1, 64, partitions=24), 1e9, 1e9, 24),
+    ],
+    ids=["forecast-level", "recent-rate-floor", "rate-missing", "idle-starts-one", "idle-starts-min",
+         "capped-at-max", "capped-at-partitions"],
+)
+def test_first_start_starts_at_the_forecast_level_within_the_limits(limits, upper, rate, expected):
+    d = first(limits, upper, rate)
+    assert (d.workers, d.reason) == (expected, Reason.SCALE_UP_FORECAST)
+    assert d.message == f"no training generation is running; starting {expected} worker(s)"
+    assert d.details["level"] == expected
+
+
+def test_first_start_uses_the_level_not_the_need_and_does_not_stabilize():
+    p = KalePolicy(Limits(1, 64), HorizonForecast(5_000.0, 20_000.0),
+                   KnownCapacity(CLUSTER.capacity_table(64)), CFG)
+    d = p.first_start(Observation(now_s=0.0, workers=0, arrival_rate=5_000.0))
+    assert d.details["need"] == CLUSTER.workers_for(5_150, 64)
+    assert d.workers == CLUSTER.workers_for(20_600, 64) > d.details["need"]
+
+
+def test_first_start_asks_the_stages_as_if_min_workers_ran_without_backlog():
+    p = kale(lambda t: 1_000.0, limits=Limits(2, 64))
+    seen = []
+    real = p.decide
+    p.decide = lambda o: (seen.append(o), real(o))[1]
+    p.first_start(Observation(now_s=42.0, workers=0, arrival_rate=7.0, backlog=1e9, freshness_lag_s=1e4,
+                              throughput=5.0, rescaling=True, ready_workers=0))
+    assert seen == [Observation(42.0, 2, 7.0, 0.0, 0.0, None, None, False)]
+
+
+@pytest.mark.parametrize(
+    "stub, expected",
+    [
+        (Decision(1, Reason.HOLD, "", {"level": 0}), 2),
+        (Decision(1, Reason.HOLD, "", {"level": -5}), 2),
+        (Decision(0, Reason.HOLD, "", {}), 2),
+        (Decision(1, Reason.HOLD, "", {"level": 500}), 24),
+        (Decision(100, Reason.HOLD, "", {}), 24),
+        (Decision(1, Reason.HOLD, "", {"level": 7}), 7),
+    ],
+    ids=["level-zero", "level-negative", "no-level-zero-workers", "level-over-partitions", "no-level-too-many",
+         "in-range"],
+)
+def test_first_start_clamps_whatever_the_stages_return(stub, expected):
+    """Guards on the result (fail if the clamp or the min_workers floor is dropped)."""
+    p = kale(lambda t: 0.0, limits=Limits(2, 64, partitions=24))
+    p.decide = lambda o: stub
+    d = p.first_start(Observation(now_s=0.0, workers=0, arrival_rate=0.0))
+    assert (d.workers, d.reason) == (expected, Reason.SCALE_UP_FORECAST)
+    assert d.details is stub.details
+
+
+@given(st.integers(1, 8), st.integers(0, 64), st.floats(0, 1e9), st.one_of(st.none(), st.floats(0, 1e9)))
+def test_first_start_never_returns_zero_or_leaves_the_limits(lo, extra, upper, rate):
+    limits = Limits(lo, lo + extra)
+    d = first(limits, upper, rate)
+    assert limits.min_workers <= d.workers <= limits.upper and d.workers >= 1
+    assert d.reason == Reason.SCALE_UP_FORECAST
+
+
+# ------------------------------------------------------------- source state
+def test_policy_state_includes_the_source_state_only_when_it_is_stateful():
+    s = daily_series(days=2) * 100
+    online = OnlineForecastSource(SeasonalNaiveForecaster(), bin_s=300)
+    online.preload(s)
+    cap = KnownCapacity(CLUSTER.capacity_table(64))
+    p = KalePolicy(Limits(1, 64), online, cap, CFG)
+    now = s.index[-1].value / 1e9 + 300
+    p.decide(obs(now, 4))
+    state = p.state_dict()
+    assert state["forecast"]["bins"] == online.bins.tolist()
+    q = KalePolicy(Limits(1, 64), OnlineForecastSource(SeasonalNaiveForecaster(), bin_s=300), cap, CFG)
+    q.load_state_dict(state)
+    assert q.forecast.bins.tolist() == online.bins.tolist() and q.state_dict() == state
+
+    oracle = OracleForecastSource(0.0, 15.0, s.to_numpy()[:100])
+    assert oracle.stateful is False and oracle.state_dict() == {}
+    r = KalePolicy(Limits(1, 64), oracle, cap, CFG)
+    assert "forecast" not in r.state_dict()
+    r.load_state_dict(state)  # a stateless source ignores a saved forecast

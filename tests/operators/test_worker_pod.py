@@ -3,10 +3,10 @@
 import kubernetes_validate
 import pytest
 
+from kale_airflow.config import KubernetesWorkerConfig
+from kale_airflow.operators.worker_pod import pod_manifest, worker_pod_operator
 from kale_airflow.runtime.backends import WorkerSpec
-from kale_airflow.runtime.kubernetes import (
-    CHECKPOINT_MOUNT, KubernetesWorkerConfig, label_value, pod_manifest, worker_pod_operator,
-)
+from kale_airflow.runtime.kubernetes import CHECKPOINT_MOUNT, label_value
 
 SPEC = WorkerSpec(stream_url="kafka://kafka.kale:9092/samples", checkpoint_dir=CHECKPOINT_MOUNT)
 ASSIGNMENT = {"assignment": {"0": [["0", 1.0], ["1", 0.5]], "1": [["1", 0.5]]}}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-DAGS = Path(__file__).resolve().parent.parent / "dags"
+DAGS = Path(__file__).resolve().parents[2] / "dags"
 HEAVY = ("torch", "neuralprophet", "mlflow")
 
 CHECK = r"""

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from kale_airflow.metrics.embedded import EmbeddedMetrics
-from kale_airflow.state import StateStore
+from kale_airflow.store import StateStore
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +61,7 @@ def test_assigns_each_generation_sticky_and_idempotent(airflow_home, dag_folder)
 
 
 def test_new_slices_have_their_start_offsets_before_the_assignment_is_published(airflow_home, dag_folder):
-    from kale_airflow.runtime.worker import slices_for
+    from kale_airflow.core.slices import slices_for
     from kale_airflow.stream.embedded import EmbeddedStream
 
     stream = EmbeddedStream(airflow_home.kale_home / "stream.db", partitions=3)

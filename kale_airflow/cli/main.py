@@ -8,9 +8,12 @@ import logging
 import sys
 from pathlib import Path
 
-from kale_airflow.core.forecast import ForecastError, forecaster_names
-from kale_airflow.core.simulator import ALL_POLICIES, SimConfig, SimulationError, simulate
-from kale_airflow.core.traffic import BUNDLED_TRACE, TraceError, load_trace
+from kale_airflow.core.errors import KaleError
+from kale_airflow.core.forecast import forecaster_names
+from kale_airflow.core.simulator import ALL_POLICIES, SimConfig, simulate
+from kale_airflow.core.traffic import BUNDLED_TRACE, load_trace
+from kale_airflow.reporting.results import write_json
+from kale_airflow.reporting.tables import format_table
 
 log = logging.getLogger("kale")
 
@@ -21,32 +24,6 @@ def _policies(text: str) -> tuple[str, ...]:
     if unknown or not names:
         raise argparse.ArgumentTypeError(f"unknown policy {unknown or text!r}; choose from {','.join(ALL_POLICIES)}")
     return names
-
-
-def format_table(doc: dict) -> str:
-    """The comparison table printed by ``kale simulate`` (ratios against HPA when present)."""
-    pols = doc["policies"]
-    hpa = pols.get("hpa")
-    head = f"{'policy':<10} {'acc. lag (sample*s)':>20} {'mean wait s':>11} {'downtime s':>11} {'SLO viol.':>9} " \
-           f"{'GPU-h':>9} {'rescales':>8}"
-    if hpa:
-        head += f" {'lag/HPA':>8} {'down/HPA':>8} {'GPU/HPA':>8}"
-    lines = [head, "-" * len(head)]
-    for name, m in pols.items():
-        row = (f"{name:<10} {m['accumulated_lag']:>20.4g} {m['mean_wait_s']:>11.2f} {m['downtime_s']:>11.0f} "
-               f"{m['slo_violation_rate']:>9.2%} {m['gpu_hours']:>9.0f} {m['rescales']:>8d}")
-        if hpa:
-            def ratio(key):
-                return m[key] / hpa[key] if hpa[key] else float("nan")
-            row += f" {ratio('accumulated_lag'):>8.3f} {ratio('downtime_s'):>8.3f} {ratio('gpu_hours'):>8.3f}"
-        lines.append(row)
-    fluid = doc["limits"]["fluid_gpu_hours"]
-    lines.append(f"fluid bound (exactly enough fractional workers, free rescales): {fluid:.0f} GPU-h")
-    if "kale" in pols and "oracle" in pols:
-        k, o = pols["kale"], pols["oracle"]
-        lines.append(f"kale / oracle GPU-h: {k['gpu_hours'] / o['gpu_hours']:.3f}; "
-                     f"kale / fluid bound: {k['gpu_hours'] / fluid:.3f}")
-    return "\n".join(lines)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -65,18 +42,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(format_table(doc))
     write_json(args.json, doc)
     if args.plot:
-        from kale_airflow.plotting import plot_simulation
+        from kale_airflow.reporting.plots import plot_simulation
 
         print(f"wrote {plot_simulation(result, args.plot)}")
     return 0
-
-
-def write_json(path: str | None, doc: dict) -> None:
-    """Write ``doc`` as indented JSON (numpy numbers as floats) and say where; no path, no file."""
-    if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(doc, indent=2, default=float))
-        print(f"wrote {path}")
 
 
 def _duration(text: str) -> float:
@@ -116,7 +85,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         print(f"  {col}: coverage {cov:.3f}, pinball loss {m['pinball'][col]:.4g}")
     write_json(args.json, m)
     if args.plot:
-        from kale_airflow.plotting import plot_backtest
+        from kale_airflow.reporting.plots import plot_backtest
 
         print(f"wrote {plot_backtest(result, args.plot)}")
     return 0
@@ -161,7 +130,7 @@ def cmd_rebalance(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The whole loop on the embedded default."""
-    from kale_airflow.demo import run_demo
+    from kale_airflow.cli.demo import run_demo
 
     return run_demo(args.out, args.minutes)
 
@@ -174,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log decisions and repairs")
     sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_simulate, _add_forecast, _add_rebalance, _add_demo):
+        add(sub)
+    return parser
+
+
+def _add_simulate(sub) -> None:
     sim = sub.add_parser(
         "simulate",
         help="replay a traffic trace through scaling policies and compare them",
@@ -207,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     sim.set_defaults(func=cmd_simulate)
 
+
+def _add_forecast(sub) -> None:
     fc = sub.add_parser("forecast", help="forecaster tools").add_subparsers(dest="forecast_command", required=True)
     bt = fc.add_parser(
         "backtest",
@@ -229,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     bt.set_defaults(func=cmd_backtest)
 
+
+def _add_rebalance(sub) -> None:
     rb = sub.add_parser(
         "rebalance",
         help="assign stream partitions to workers evenly, moving as little as possible",
@@ -247,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     rb.add_argument("--json", metavar="OUT", help="write assignment, imbalance, moved_fraction as JSON")
     rb.set_defaults(func=cmd_rebalance)
 
+
+def _add_demo(sub) -> None:
     demo = sub.add_parser(
         "demo",
         help="run the whole loop on this machine (Airflow, MLflow, stream, local workers, autoscaler)",
@@ -259,7 +240,6 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="out/demo", help="folder for Airflow, MLflow, stream and results")
     demo.add_argument("--minutes", type=float, default=8.0, help="how long traffic is replayed")
     demo.set_defaults(func=cmd_demo)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:
         return args.func(args)
-    except (TraceError, SimulationError, ForecastError, ValueError) as exc:  # RebalanceError is a ValueError
+    except (KaleError, ValueError) as exc:  # bad input: a clear message, exit 2
         print(f"kale: error: {exc}", file=sys.stderr)
         return 2
 

@@ -132,8 +132,9 @@ def test_urls_and_missing_topic_give_clear_errors(kafka):
 
 
 def test_the_reference_worker_trains_from_kafka(kafka, tmp_path):
+    from kale_airflow.core.slices import Slice
     from kale_airflow.runtime.samples import generate, pack
-    from kale_airflow.runtime.worker import Slice, Worker
+    from kale_airflow.runtime.worker import Worker
 
     s, _ = kafka
     s.append(0, pack(generate(700, 1)))

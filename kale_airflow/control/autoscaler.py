@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Callable, Protocol
 
-from kale_airflow.config import Settings
+from kale_airflow.config import Config, load_config
 from kale_airflow.core.policies import Decision, KalePolicy, Observation, Reason
 from kale_airflow.core.policies.kale import KnownCapacity, OnlineForecastSource
+from kale_airflow.core.slices import slices_for
 from kale_airflow.core.throughput import monotone
-from kale_airflow.deployment import Deployment
-from kale_airflow.state import StateStore
+from kale_airflow.store import StateStore
 
 log = logging.getLogger(__name__)
 STATE_KEY = "autoscaler_state"
@@ -29,14 +30,19 @@ STATE_KEY = "autoscaler_state"
 class Autoscaler:
     """Observe -> decide -> record, with models cached across pokes."""
 
-    def __init__(self, settings: Settings, deployment: Deployment):
+    def __init__(self, config: Config, *, stream=None, metrics=None, store: StateStore | None = None,
+                 registry: "ChampionSource | None" = None, pods: "Callable[[], list] | None" = None):
+        """Sources default to what the configuration names; tests pass fakes."""
         from kale_airflow.metrics.embedded import open_metrics
         from kale_airflow.stream import open_stream
 
-        self.settings, self.dep = settings, deployment
-        self.stream = open_stream(deployment.stream_url)
-        self.metrics = open_metrics(settings.metrics_source, settings.metrics_db)
-        self.state = StateStore(settings.home / "state.db")
+        self.settings, self.dep = config.settings, config.deployment
+        self.stream = stream if stream is not None else open_stream(self.dep.stream_url)
+        self.metrics = metrics if metrics is not None else open_metrics(self.settings.metrics_source,
+                                                                        self.settings.metrics_db)
+        self.state = store or StateStore(self.settings.state_db)
+        self.registry = registry or MlflowChampions(self.settings.mlflow_uri)
+        self.list_pods = pods or self._list_worker_pods
         self.policy: KalePolicy | None = None
         self.versions: tuple[str, str] | None = None
         self.model_error: str | None = None
@@ -44,28 +50,16 @@ class Autoscaler:
     @classmethod
     def from_environment(cls) -> "Autoscaler":
         """The autoscaler of ``$KALE_HOME`` and its validated deployment configuration."""
-        from kale_airflow.config import settings
-        from kale_airflow.deployment import load_deployment
-
-        cfg = settings()
-        return cls(cfg, load_deployment(cfg))
+        return cls(load_config())
 
     # ----------------------------------------------------------------- models
     def _champions(self):
-        from kale_airflow.registry.mlflow_registry import (
-            CHAMPION, FORECASTER_MODEL, THROUGHPUT_MODEL, current_version, load_champion, mlflow_at,
-        )
-
-        uri = self.settings.mlflow_uri
-        with mlflow_at(uri) as client:
-            versions = (current_version(client, FORECASTER_MODEL, CHAMPION),
-                        current_version(client, THROUGHPUT_MODEL, CHAMPION))
+        versions = self.registry.versions()
         if None in versions:
-            missing = [n for n, v in zip((FORECASTER_MODEL, THROUGHPUT_MODEL), versions) if v is None]
-            raise LookupError(f"no champion for {', '.join(missing)}: run the retrain/refit DAGs and promote one")
+            missing = [n for n, v in zip(("forecaster", "throughput model"), versions) if v is None]
+            raise LookupError(f"no champion {', '.join(missing)}: run the retrain/refit DAGs and promote one")
         if versions != self.versions or self.policy is None:
-            forecaster = load_champion(FORECASTER_MODEL, uri).unwrap_python_model().forecaster
-            throughput = load_champion(THROUGHPUT_MODEL, uri).unwrap_python_model().model
+            forecaster, throughput = self.registry.load()
             self._build(forecaster, throughput)
             log.info("loaded champions: forecaster v%s, throughput v%s", *versions)
             self.versions = versions
@@ -108,21 +102,23 @@ class Autoscaler:
         if self.dep.worker_backend != "kubernetes" or not workers:
             return None
         try:
-            from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
-
-            from kale_airflow.runtime.kubernetes import WORKER_SELECTOR
-
-            kcfg = self.dep.kubernetes_config
-            pods = KubernetesHook(kcfg.kubernetes_conn_id).core_v1_client.list_namespaced_pod(
-                kcfg.namespace, label_selector=WORKER_SELECTOR).items
+            pods = self.list_pods()
         except Exception as exc:  # noqa: BLE001 - no API access: unknown, not zero
             log.warning("cannot list worker pods (%s); pending workers unknown", exc)
             return None
         return min(workers, sum(1 for p in pods if p.status and p.status.phase == "Running"))
 
-    def _backlog(self, assignment: dict, now: float) -> tuple[float, float]:
-        from kale_airflow.runtime.worker import slices_for
+    def _list_worker_pods(self) -> list:
+        """The worker pods in the training namespace (the Kubernetes API, through the provider's hook)."""
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
+        from kale_airflow.runtime.kubernetes import WORKER_SELECTOR
+
+        kcfg = self.dep.kubernetes
+        return KubernetesHook(kcfg.kubernetes_conn_id).core_v1_client.list_namespaced_pod(
+            kcfg.namespace, label_selector=WORKER_SELECTOR).items
+
+    def _backlog(self, assignment: dict, now: float) -> tuple[float, float]:
         ends = self.stream.end_offsets()
         backlog, oldest = 0.0, now
         for w in assignment:
@@ -153,15 +149,7 @@ class Autoscaler:
                 self.state.record_decision(now, obs.workers, d.to_dict())
                 return d, obs
             log.warning("model registry unavailable (%s); deciding with the cached champions", exc)
-        if obs.workers == 0:
-            d = self.policy.decide(Observation(now, self.dep.limits.min_workers, obs.arrival_rate, 0.0, 0.0, None,
-                                               None, False))
-            # Nothing runs yet: start at the level the policy asks for, without stabilizing.
-            n = self.dep.limits.clamp(max(d.details.get("level", d.workers), self.dep.limits.min_workers))
-            d = Decision(n, Reason.SCALE_UP_FORECAST, f"no training generation is running; starting {n} worker(s)",
-                         d.details)
-        else:
-            d = self.policy.decide(obs)
+        d = self.policy.first_start(obs) if obs.workers == 0 else self.policy.decide(obs)
         self.state.set_value(STATE_KEY, self.policy.state_dict())
         table = self.policy.capacity.table
         capacity = table[min(obs.workers, len(table) - 1)] if table is not None else None
@@ -171,3 +159,41 @@ class Autoscaler:
                                                                     "capacity": capacity})
         log.info("decision: %s -> %s (%s) %s", obs.workers, d.workers, d.reason.value, d.message)
         return d, obs
+
+
+class ChampionSource(Protocol):
+    """Where the champion models come from (MLflow's registry; tests pass a fake)."""
+
+    def versions(self) -> tuple[str | None, str | None]:
+        """The champion versions of (forecaster, throughput model); None where there is none."""
+        ...
+
+    def load(self) -> tuple:
+        """The champion (forecaster, throughput model) objects."""
+        ...
+
+
+class MlflowChampions:
+    """The champions registered in MLflow under the ``champion`` alias."""
+
+    def __init__(self, uri: str):
+        self.uri = uri
+
+    def versions(self) -> tuple[str | None, str | None]:
+        from kale_airflow.registry.mlflow_registry import (
+            CHAMPION,
+            FORECASTER_MODEL,
+            THROUGHPUT_MODEL,
+            current_version,
+            mlflow_at,
+        )
+
+        with mlflow_at(self.uri) as client:
+            return (current_version(client, FORECASTER_MODEL, CHAMPION),
+                    current_version(client, THROUGHPUT_MODEL, CHAMPION))
+
+    def load(self) -> tuple:
+        from kale_airflow.registry.mlflow_registry import FORECASTER_MODEL, THROUGHPUT_MODEL, load_champion
+
+        return (load_champion(FORECASTER_MODEL, self.uri).unwrap_python_model().forecaster,
+                load_champion(THROUGHPUT_MODEL, self.uri).unwrap_python_model().model)

@@ -23,7 +23,9 @@ import numpy as np
 import pandas as pd
 import yaml
 
-DAGS = Path(__file__).resolve().parent.parent / "dags"
+from kale_airflow.config import Settings
+
+DAGS = Path(__file__).resolve().parents[2] / "dags"
 LOOKAHEAD_S = 60.0  # the demo's look-ahead: one minute of wall time, 90 minutes of trace time
 SLO_S = 60  # freshness SLO of the demo (wall seconds)
 RUN_DAG = r"""
@@ -45,6 +47,7 @@ class Demo:
         self.peak_rate, self.step_time_s, self.batch, self.max_workers = peak_rate, step_time_s, batch, max_workers
         self.airflow_home = self.out / "airflow"
         self.kale_home = self.out / "kale"
+        self.paths = Settings(self.kale_home, f"sqlite:///{self.kale_home}/mlflow.db")
         self.env = {**os.environ, "AIRFLOW_HOME": str(self.airflow_home), "KALE_HOME": str(self.kale_home),
                     "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
                     "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.airflow_home}/airflow.db",
@@ -95,7 +98,7 @@ class Demo:
         from kale_airflow.runtime.samples import generate, pack
         from kale_airflow.stream.embedded import EmbeddedStream
 
-        metrics = EmbeddedMetrics(self.kale_home / "metrics.db")  # seeded with the bundled trace
+        metrics = EmbeddedMetrics(self.paths.metrics_db)  # seeded with the bundled trace
         metrics.clear_throughput()  # the throughput model must come from these workers, not the seed
         path = self.kale_home / "profile-stream.db"
         s = EmbeddedStream(path, partitions=6)
@@ -104,7 +107,7 @@ class Demo:
                 s.append(p, pack(generate(1000, 100 * p + chunk)))
         for n in (1, 2, 3):
             spec = WorkerSpec(f"sqlite:///{path}", str(self.kale_home / "profile-ck"), group=f"profile{n}",
-                              metrics_db=str(self.kale_home / "metrics.db"), batch_size=self.batch,
+                              metrics_db=str(self.paths.metrics_db), batch_size=self.batch,
                               extra_args=["--step-time", str(self.step_time_s), "--report-every", "2"])
             workers = LocalWorkers(spec, self.kale_home / "worker-logs")
             workers.start(f"profile{n}", assign({str(p): 1.0 for p in range(6)}, n).to_dict())
@@ -137,7 +140,7 @@ class Demo:
 
     # --------------------------------------------------------------- watching
     def watch(self) -> None:
-        from kale_airflow.hooks.autoscaler import Autoscaler
+        from kale_airflow.control.autoscaler import Autoscaler
 
         os.environ["KALE_HOME"] = str(self.kale_home)
         auto = Autoscaler.from_environment()
@@ -166,9 +169,9 @@ class Demo:
         producer.start()
         time.sleep(3)
         watcher.start()
-        from kale_airflow.state import StateStore
+        from kale_airflow.store import StateStore
 
-        store = StateStore(self.kale_home / "state.db")
+        store = StateStore(self.paths.state_db)
         while not self._stop.is_set():
             state = self.dag("kale_autoscaler", {"poll_interval_s": 2, "max_polls": 15})
             cur = store.current()
@@ -186,11 +189,11 @@ class Demo:
 
     # ---------------------------------------------------------------- summary
     def summarize(self, wall: float) -> dict:
-        from kale_airflow.state import StateStore
+        from kale_airflow.store import StateStore
 
         df = pd.DataFrame(self.samples).dropna(subset=["rate"])
         dt = df["t"].diff().fillna(2.0).clip(upper=10)
-        decisions = StateStore(self.kale_home / "state.db").decisions(100_000)
+        decisions = StateStore(self.paths.state_db).decisions(100_000)
         changes = [d for d in decisions if d["target"] != d["workers"]]
         backlog = df["backlog"].fillna(0)
         fresh = df["freshness"].fillna(0)
@@ -228,27 +231,9 @@ class Demo:
                 for name, run in res.runs.items()} | {"trace_hours": len(self.trace_window) / 2}
 
     def plot(self, df: pd.DataFrame) -> None:
-        import matplotlib
+        from kale_airflow.reporting.plots import plot_demo
 
-        from kale_airflow.plotting import save_figure
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        t = (df["t"] - df["t"].iloc[0]) / 60
-        fig, ax = plt.subplots(3, 1, figsize=(11, 8), sharex=True, constrained_layout=True)
-        ax[0].plot(t, df["rate"], color="tab:blue", label="arrivals (samples/s)")
-        ax[0].set_ylabel("samples/s")
-        ax[0].legend(loc="upper left")
-        ax[0].set_title("kale demo: embedded stream, local workers, Airflow autoscaler")
-        ax[1].step(t, df["workers"], where="post", color="tab:green")
-        ax[1].set_ylabel("workers")
-        ax[2].plot(t, df["freshness"].fillna(0), color="tab:red", label="freshness lag (s)")
-        ax[2].axhline(SLO_S, color="crimson", ls="--", lw=1, label=f"SLO {SLO_S} s")
-        ax[2].set_ylabel("seconds")
-        ax[2].set_xlabel("minutes")
-        ax[2].legend(loc="upper left")
-        save_figure(fig, self.out / "demo.png")
+        plot_demo(df, SLO_S, self.out / "demo.png")
 
 
 def run_demo(out: str, minutes: float) -> int:
@@ -267,5 +252,5 @@ def run_demo(out: str, minutes: float) -> int:
           f"SLO violations {sim['kale']['slo_violation_rate']:.1%}; HPA {sim['hpa']['rescales']} rescales")
     print(f"\nplot: {demo.out / 'demo.png'}   summary: {demo.out / 'summary.json'}")
     print(f"Airflow UI:  AIRFLOW_HOME={demo.airflow_home} KALE_HOME={demo.kale_home} .venv/bin/airflow standalone")
-    print(f"MLflow UI:   .venv/bin/mlflow ui --backend-store-uri sqlite:///{demo.kale_home / 'mlflow.db'}")
+    print(f"MLflow UI:   .venv/bin/mlflow ui --backend-store-uri {demo.paths.mlflow_uri}")
     return 0

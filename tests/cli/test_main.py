@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kale_airflow.cli import main
+from kale_airflow.cli.main import main
 from tests.conftest import daily_series
 
 KALE = Path(sys.executable).parent / "kale"

@@ -1,0 +1,77 @@
+"""Where kale-airflow keeps things, read from the environment, with every path derived here.
+
+- ``KALE_HOME``: state folder (embedded stores, checkpoints, run folders); default
+  ``$AIRFLOW_HOME/kale`` or ``~/.kale``;
+- ``KALE_MLFLOW_URI``: MLflow tracking/registry URI; default a SQLite store
+  ``sqlite:///$KALE_HOME/mlflow.db`` with artifacts under ``$KALE_HOME/mlartifacts``;
+- ``KALE_METRICS_SOURCE``: where traffic and throughput history come from (``embedded``);
+- ``KALE_CONFIG``: the deployment file (default ``$KALE_HOME/kale.yaml`` when present).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Resolved locations (the environment, read once per :func:`settings` call)."""
+
+    home: Path
+    mlflow_uri: str
+    metrics_source: str = "embedded"
+    config_file: Path | None = None
+
+    @property
+    def state_db(self) -> Path:
+        """The control-plane store: generations, assignments, decisions, autoscaler state."""
+        return self.home / "state.db"
+
+    @property
+    def metrics_db(self) -> Path:
+        """The embedded metrics store (SQLite)."""
+        return self.home / "metrics.db"
+
+    @property
+    def stream_db(self) -> Path:
+        """The embedded stream, when the configuration names no other."""
+        return self.home / "stream.db"
+
+    @property
+    def artifacts(self) -> Path:
+        """Local MLflow artifact root for the embedded default."""
+        return self.home / "mlartifacts"
+
+    @property
+    def checkpoints(self) -> Path:
+        """Local workers' checkpoint folder."""
+        return self.home / "checkpoints"
+
+    @property
+    def worker_logs(self) -> Path:
+        """Local workers' log files."""
+        return self.home / "worker-logs"
+
+    def run_dir(self, run_id: str) -> Path:
+        """Per-run working folder of the retrain/refit pipelines (created)."""
+        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in run_id)
+        path = self.home / "runs" / safe
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+
+def settings() -> Settings:
+    """Read the environment (each call, so tests and tasks see changes)."""
+    if os.environ.get("KALE_HOME"):
+        home = Path(os.environ["KALE_HOME"])
+    elif os.environ.get("AIRFLOW_HOME"):
+        home = Path(os.environ["AIRFLOW_HOME"]) / "kale"
+    else:
+        home = Path.home() / ".kale"
+    home = home.expanduser().resolve()
+    uri = os.environ.get("KALE_MLFLOW_URI") or f"sqlite:///{home / 'mlflow.db'}"
+    explicit = os.environ.get("KALE_CONFIG")
+    return Settings(home=home, mlflow_uri=uri, metrics_source=os.environ.get("KALE_METRICS_SOURCE", "embedded"),
+                    config_file=Path(explicit).expanduser() if explicit else None)

@@ -1,1 +1,0 @@
-"""I/O at the edges: gather observations, load models, persist state."""

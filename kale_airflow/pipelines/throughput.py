@@ -1,0 +1,65 @@
+"""The steps of the throughput refit DAG: fit the resource-to-throughput model on recorded
+(workers, samples/s) observations, score it and the champion on the newest, register it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from kale_airflow.config import Settings
+from kale_airflow.core.throughput import ThroughputModel
+from kale_airflow.metrics.embedded import open_metrics
+from kale_airflow.pipelines.common import data_hash
+
+
+def refit_throughput(settings: Settings, run_id: str, holdout_fraction: float = 0.2) -> dict:
+    """Fit on older observations, score on the newest; the champion is scored on the same ones."""
+    from kale_airflow.registry.mlflow_registry import THROUGHPUT_MODEL, current_version, load_champion, mlflow_at
+
+    obs = open_metrics(settings.metrics_source, settings.metrics_db).throughput_observations()
+    if len(obs) < 4:
+        raise ValueError(f"only {len(obs)} throughput observations; workers must record at least 4 to fit")
+    obs = obs.sort_values("ts", kind="stable")
+    cut = max(2, int(len(obs) * (1 - holdout_fraction)))
+    rng = np.random.default_rng(0)
+    if obs["ts"].nunique() == 1:  # seeded profiling rows share one timestamp: hold out at random
+        obs = obs.iloc[rng.permutation(len(obs))]
+    train, test = obs.iloc[:cut], obs.iloc[cut:]
+    model = ThroughputModel.fit(train["workers"], train["rate"])
+    metrics = {"rel_rmse": _rel_rmse(model, test), "rel_std": model.rel_std, "n_obs": model.n_obs,
+               "distinct_counts": len(model.worker_counts),
+               "saturation_workers": model.saturation_workers(max(model.worker_counts) * 2) or -1}
+    out = settings.run_dir(run_id) / "throughput.json"
+    out.write_text(json.dumps(model.to_dict(), indent=2))
+    champion = None
+    with mlflow_at(settings.mlflow_uri, settings.artifacts.as_uri()) as client:
+        if current_version(client, THROUGHPUT_MODEL, "champion"):
+            champ = load_champion(THROUGHPUT_MODEL, settings.mlflow_uri).unwrap_python_model().model
+            champion = {"rel_rmse": _rel_rmse(champ, test)}
+    return {"path": str(out), "metrics": metrics, "champion_metrics": champion, "data_hash": data_hash(obs)}
+
+
+def register_throughput(settings: Settings, run_id: str, summary: dict) -> dict:
+    """Log and register the throughput model."""
+    import mlflow
+
+    from kale_airflow.registry.mlflow_registry import THROUGHPUT_MODEL, mlflow_at, register
+    from kale_airflow.registry.pyfunc import ThroughputModelPyfunc, throughput_signature
+
+    with mlflow_at(settings.mlflow_uri, settings.artifacts.as_uri()) as client:
+        with mlflow.start_run(run_name=f"throughput-{run_id}") as run:
+            mlflow.log_params({"data_hash": summary["data_hash"], "airflow_run_id": run_id})
+            mlflow.log_metrics(summary["metrics"])
+            mlflow.log_artifact(summary["path"])
+            mlflow.pyfunc.log_model(name="model", python_model=ThroughputModelPyfunc(),
+                                    artifacts={"throughput": summary["path"]}, signature=throughput_signature())
+        version = register(client, THROUGHPUT_MODEL, run.info.run_id, "model",
+                           "Resource-to-throughput model for kale-airflow (samples/s by GPU workers).")
+    return {"run_id": run.info.run_id, "version": version}
+
+
+def _rel_rmse(model: ThroughputModel, obs: pd.DataFrame) -> float:
+    pred = model.predict(obs["workers"].to_numpy(dtype=float))
+    return float(np.sqrt(np.mean(((pred - obs["rate"].to_numpy()) / obs["rate"].to_numpy()) ** 2)))

@@ -1,0 +1,178 @@
+"""The autoscaler manager with fakes at its edges (registry, pod listing) and real embedded
+stores: first start, models unavailable, cached champions, pending pods, missing metrics.
+The slow DAG loop test (tests/dags/test_autoscaler_loop.py) runs the same code for real."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kale_airflow.config import Config, Deployment, Settings
+from kale_airflow.control.autoscaler import Autoscaler
+from kale_airflow.core.forecast import get_forecaster
+from kale_airflow.core.policies import Reason
+from kale_airflow.core.rebalance import assign
+from kale_airflow.core.throughput import ThroughputModel
+from kale_airflow.metrics.embedded import EmbeddedMetrics
+from kale_airflow.registry.mlflow_registry import RegistryUnavailable
+from kale_airflow.store import StateStore
+from kale_airflow.stream.embedded import EmbeddedStream
+
+NOW = 1_800_000_000.0
+PER_WORKER = 1000.0  # samples/s of one worker in the fake cluster
+
+
+class FakeChampions:
+    """A registry that serves the given champions, or fails like an unreachable MLflow."""
+
+    def __init__(self, versions=("1", "1"), down: Exception | None = None):
+        self.current, self.down, self.loads = versions, down, 0
+        series = pd.Series(1000.0, index=pd.date_range("2027-01-01", periods=200, freq="60s"))
+        self.forecaster = get_forecaster("seasonal").fit(series)
+        n = np.repeat([1, 2, 4, 8], 5)
+        self.throughput = ThroughputModel.fit(n, PER_WORKER * n)
+
+    def versions(self):
+        if self.down:
+            raise self.down
+        return self.current
+
+    def load(self):
+        self.loads += 1
+        return self.forecaster, self.throughput
+
+
+def pod(phase):
+    return SimpleNamespace(status=SimpleNamespace(phase=phase))
+
+
+@pytest.fixture
+def home(tmp_path):
+    stream = EmbeddedStream(tmp_path / "stream.db", partitions=4)
+    return tmp_path, stream
+
+
+def autoscaler(home, registry=None, pods=None, **deployment) -> Autoscaler:
+    tmp, stream = home
+    dep = Deployment(stream_url=f"sqlite:///{tmp / 'stream.db'}", poll_interval_s=15, bin_s=60,
+                     max_workers=16, **deployment)
+    cfg = Config(Settings(tmp, f"sqlite:///{tmp / 'mlflow.db'}"), dep)
+    return Autoscaler(cfg, stream=stream, metrics=EmbeddedMetrics(tmp / "metrics.db", seed=False),
+                      store=StateStore(tmp / "state.db"), registry=registry or FakeChampions(), pods=pods)
+
+
+def arrive(stream, rate, seconds=15.0, end=NOW):
+    """``rate`` samples/s spread over the last ``seconds`` before ``end`` (4 partitions)."""
+    per = int(rate * seconds / 4)
+    for p in range(4):
+        for k in range(10):
+            stream.append(p, [b"x"] * (per // 10), ts=end - seconds + k * seconds / 10 + 0.1)
+
+
+def running(auto, workers, generation="g1"):
+    doc = assign({str(p): 1.0 for p in range(4)}, workers).to_dict()
+    auto.state.put("default", generation, workers, doc)
+    auto.state.set_current_generation(generation, workers)
+
+
+def test_first_start_begins_at_the_forecast_level_and_is_recorded(home):
+    auto = autoscaler(home)
+    arrive(home[1], 3500)
+    d, obs = auto.poke(NOW)
+    assert obs.workers == 0
+    assert d.reason is Reason.SCALE_UP_FORECAST and "no training generation is running" in d.message
+    # No bins yet: the documented fallback, 3,500 samples/s plus 20 % and 3 % headroom at 1,000 per worker.
+    assert d.details["source"].startswith("fallback") and d.workers == d.details["level"] == 5
+    recorded = auto.state.decisions()[-1]
+    assert (recorded["workers"], recorded["target"], recorded["reason"]) == (0, 5, "scale_up_forecast")
+
+
+def test_first_start_without_traffic_starts_the_minimum(home):
+    d, _ = autoscaler(home, min_workers=2).poke(NOW)
+    assert (d.workers, d.reason) == (2, Reason.SCALE_UP_FORECAST)
+
+
+def test_models_unavailable_keeps_the_current_workers_and_says_why(home):
+    auto = autoscaler(home, FakeChampions(down=RegistryUnavailable("MLflow at http://x is unreachable")))
+    running(auto, 3)
+    d, obs = auto.poke(NOW)
+    assert (d.workers, d.reason) == (3, Reason.HOLD_MISSING_METRICS)
+    assert "models unavailable" in d.message and "unreachable" in d.message
+    assert auto.state.decisions()[-1]["reason"] == "hold_missing_metrics"
+
+
+def test_no_champion_yet_is_reported_by_name(home):
+    auto = autoscaler(home, FakeChampions(versions=("3", None)))
+    d, _ = auto.poke(NOW)
+    assert d.reason is Reason.HOLD_MISSING_METRICS and "no champion throughput model" in d.message
+
+
+def test_cached_champions_keep_deciding_through_an_outage_and_reload_only_on_a_new_version(home):
+    registry = FakeChampions()
+    auto = autoscaler(home, registry)
+    running(auto, 2)
+    arrive(home[1], 1500)
+    auto.poke(NOW)
+    auto.poke(NOW + 15)
+    assert registry.loads == 1  # same versions: no reload
+    registry.down = RegistryUnavailable("MLflow down")
+    d, _ = auto.poke(NOW + 30)
+    assert d.reason is not Reason.HOLD_MISSING_METRICS and auto.model_error == "MLflow down"
+    registry.down, registry.current = None, ("2", "1")
+    auto.poke(NOW + 45)
+    assert registry.loads == 2  # the champion alias moved: reloaded
+
+
+def test_policy_state_carries_over_to_a_new_autoscaler(home):
+    first = autoscaler(home)
+    running(first, 2)
+    arrive(home[1], 1500)
+    first.poke(NOW)
+    second = autoscaler(home)
+    second.poke(NOW + 15)
+    assert second.policy.state_dict()["count_since"] == first.policy.state_dict()["count_since"] == NOW
+
+
+@pytest.mark.parametrize("phases, ready", [(["Running"] * 4, 4), (["Running", "Running", "Pending", "Pending"], 2),
+                                           (["Running"] * 6, 4)], ids=["all-running", "two-pending", "extra-pods"])
+def test_running_pods_are_counted_on_kubernetes(home, phases, ready):
+    auto = autoscaler(home, pods=lambda: [pod(p) for p in phases], worker_backend="kubernetes")
+    running(auto, 4)
+    assert auto.observe(NOW).ready_workers == ready
+
+
+def test_an_unreachable_kubernetes_api_means_unknown_not_zero(home):
+    def broken():
+        raise ConnectionError("connection refused")
+
+    auto = autoscaler(home, pods=broken, worker_backend="kubernetes")
+    running(auto, 4)
+    assert auto.observe(NOW).ready_workers is None
+
+
+def test_pending_pods_hold_instead_of_asking_for_more(home):
+    auto = autoscaler(home, pods=lambda: [pod("Running"), pod("Pending")], worker_backend="kubernetes",
+                      kale={"up_window_s": 0})
+    running(auto, 2)
+    arrive(home[1], 9000)
+    d, _ = auto.poke(NOW)
+    assert (d.workers, d.reason) == (2, Reason.HOLD_PENDING)
+
+
+def test_local_backend_never_lists_pods(home):
+    def fail():
+        raise AssertionError("listed pods on the local backend")
+
+    auto = autoscaler(home, pods=fail)
+    running(auto, 2)
+    assert auto.observe(NOW).ready_workers is None
+
+
+def test_unreadable_stream_metrics_never_scale_down(home):
+    auto = autoscaler(home, kale={"down_window_s": 0})
+    running(auto, 8)
+    auto.stream.end_offsets = lambda: (_ for _ in ()).throw(OSError("disk gone"))
+    arrive(home[1], 100)
+    d, obs = auto.poke(NOW)
+    assert obs.backlog is None and (d.workers, d.reason) == (8, Reason.HOLD_MISSING_METRICS)
