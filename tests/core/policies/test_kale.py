@@ -154,6 +154,19 @@ def test_traffic_drop_scales_down_only_after_stabilization():
     assert down[0].workers == CLUSTER.workers_for(5_000 * 1.03, 64)
 
 
+def test_a_new_worker_count_runs_the_down_window_before_any_scale_down():
+    # Traffic is low from the start: only the "count has run for the window" gate holds the
+    # oversized count (the window of levels starts over at each count and is low already).
+    p = kale(lambda t: 5_000.0)
+    n = 30
+    ds = [(t, p.decide(obs(t, n, rate=5_000))) for t in range(0, 1200, 15)]
+    early = [d for t, d in ds if t < 900]
+    assert {d.workers for d in early} == {n} and {d.reason for d in early} == {Reason.HOLD_STABILIZING}
+    assert "has run <" in early[0].message
+    first_down = next(t for t, d in ds if d.reason == Reason.SCALE_DOWN_FORECAST)
+    assert first_down == 900
+
+
 def test_small_drop_within_tolerance_holds():
     p = kale(lambda t: 19_000.0)
     n = CLUSTER.workers_for(20_600, 64)
