@@ -67,7 +67,7 @@ def main() -> int:
         for k in range(600):  # 10 minutes of history at ~800 samples/s
             for p in range(8):
                 stream.append(p, payload, ts=now - 600 + k)
-        store = StateStore(cfg.state_db)
+        store = StateStore(cfg.database_url)
         doc = assign({str(p): 1.0 for p in range(8)}, 4).to_dict()
         store.put("default", "g1", 4, doc)
         store.set_current_generation("g1", 4)

@@ -86,12 +86,12 @@ def worker_scaling(tmp: Path, seconds: float) -> dict:
         for p in range(6):
             for chunk in range(250):
                 stream.append(p, pack(generate(1000, 1000 * p + chunk)))
-        metrics = EmbeddedMetrics(d / "metrics.db", seed=False)
+        metrics = EmbeddedMetrics(f"sqlite:///{d / 'kale.db'}", seed=False)
         from kale_airflow.core.rebalance import assign
 
         doc = assign({str(p): 1.0 for p in range(6)}, n).to_dict()
-        spec = WorkerSpec(f"sqlite:///{d / 's.db'}", str(d / "ck"), metrics_db=str(d / "metrics.db"), batch_size=512,
-                          extra_args=["--report-every", "1"])
+        spec = WorkerSpec(f"sqlite:///{d / 's.db'}", str(d / "ck"), database_url=f"sqlite:///{d / 'kale.db'}",
+                          batch_size=512, extra_args=["--report-every", "1"])
         workers = LocalWorkers(spec, d / "logs")
         workers.start("bench", doc)
         time.sleep(seconds)

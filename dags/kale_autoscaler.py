@@ -18,8 +18,9 @@ DOC = """
    traffic, backlog, freshness and worker throughput, loads the champion forecaster and
    throughput model from MLflow (cached, reloaded when the `champion` alias moves), and
    asks the Kale policy. Every decision, holds included, is recorded with its reason
-   (`$KALE_HOME/state.db`, shown on the Kale page). It completes when the stabilized
-   decision differs from the running worker count (or after `max_polls`, with a hold).
+   (in the control-plane database, `KALE_DATABASE_URL`; shown on the Kale page). It
+   completes when the stabilized decision differs from the running worker count (or
+   after `max_polls`, with a hold).
 2. **scale_workers** (`ScaleWorkersOperator`): supersedes the running generation (its
    workers checkpoint and exit) and names the new one; idempotent.
 3. **start_generation**: triggers `kale_training` with `{workers, generation}`.

@@ -11,8 +11,9 @@ from kale_airflow.config.schedules import schedule_from
 DOC = """
 ### Kale: retrain the traffic forecaster
 
-Extracts traffic history from the configured metrics source (the embedded default reads
-its store, seeded with the bundled NYC taxi trace), validates it, trains the forecaster
+Extracts the traffic the autoscaler observed on the stream (recorded per bin in the
+control-plane database; before anything was observed, the bundled NYC taxi trace stands
+in and the MLflow run's `traffic_source` param says so), validates it, trains the forecaster
 on all but the last `test_days`, backtests it **and the current champion** on those days
 (rolling origins, past data only), logs the run to MLflow and registers a new version of
 `kale-traffic-forecaster` with alias `challenger`.
@@ -56,7 +57,7 @@ def kale_forecaster_retrain():
     def validate(extracted: dict, params: dict | None = None) -> dict:
         from kale_airflow.pipelines.forecaster import validate_traffic
 
-        return validate_traffic(extracted["path"], float(params["horizon_minutes"]))
+        return validate_traffic(extracted["path"], float(params["horizon_minutes"]), float(params["test_days"]))
 
     @task(doc_md="Train before the test window; backtest the challenger and the champion on it.")
     def train_backtest(extracted: dict, report: dict, params: dict | None = None) -> dict:
@@ -65,7 +66,7 @@ def kale_forecaster_retrain():
 
         return train_and_backtest(settings(), get_current_context()["run_id"], extracted["path"],
                                   params["forecaster"], float(params["horizon_minutes"]), float(params["test_days"]),
-                                  params["forecaster_options"])
+                                  params["forecaster_options"], source=extracted["source"])
 
     @task(doc_md="Log params, metrics, backtest plot, window and data hash; register with alias `challenger`.")
     def register(summary: dict) -> dict:

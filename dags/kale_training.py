@@ -7,6 +7,8 @@ from datetime import datetime
 from airflow.sdk import Param, dag, task
 
 from kale_airflow.operators.rebalance import RebalanceShardsOperator
+from kale_airflow.operators.worker_pod import (WorkerPodOperator, training_dag_max_active_tasks,
+                                               worker_pods_partial_kwargs)
 
 DOC = """
 ### Kale training generation
@@ -21,9 +23,26 @@ Triggered by `kale_autoscaler` with `{workers, generation}` (or by hand).
    - `local` (embedded default): **start_local_workers** launches one worker process per
      index; they train until a newer generation supersedes them.
    - `kubernetes`: **worker_pods**, one mapped `KubernetesPodOperator` GPU pod per worker
-     (GPU limit, node selector, tolerations, checkpoint PVC, non-root); a pod ends when its
-     worker sees a newer generation, checkpoints and exits 0.
+     (GPU limit, node selector, tolerations, checkpoint PVC, non-root, `KALE_DATABASE_URL`
+     from a Secret); a pod ends when its worker sees a newer generation, checkpoints and
+     exits 0. The pods are deferrable (the triggerer watches them, no worker slot is held),
+     run in the `kubernetes.pool` Airflow pool, and may stay Pending up to
+     `kubernetes.schedule_timeout_s` while a GPU node is added.
 """
+
+
+def _deployment():
+    """The deployment at parse time; the defaults when it cannot be read (the branch then fails
+    loudly at run time; parsing must not)."""
+    from kale_airflow.config import ConfigError, Deployment, load_config
+
+    try:
+        return load_config().deployment
+    except ConfigError:
+        return Deployment(stream_url="unconfigured")
+
+
+DEPLOYMENT = _deployment()
 
 
 @dag(
@@ -33,6 +52,8 @@ Triggered by `kale_autoscaler` with `{workers, generation}` (or by hand).
     catchup=False,
     tags=["kale"],
     doc_md=DOC,
+    # a whole generation of worker pod tasks plus the branch and argument tasks
+    max_active_tasks=training_dag_max_active_tasks(DEPLOYMENT),
     params={"workers": Param(1, type=["integer", "string"], description="worker count of this generation"),
             "generation": Param("manual", type="string", description="generation id (unique per run)")},
 )
@@ -70,16 +91,7 @@ def kale_training():
 
 def _worker_pods(args):
     """Mapped GPU pods (KubernetesPodOperator subclass), one per worker command line."""
-    from kale_airflow.config import ConfigError, KubernetesWorkerConfig, load_config
-    from kale_airflow.operators.worker_pod import WorkerPodOperator
-    from kale_airflow.runtime.kubernetes import WORKER_LABELS, pod_kwargs
-
-    try:
-        kcfg = load_config().deployment.kubernetes
-    except ConfigError:
-        kcfg = KubernetesWorkerConfig()  # the branch fails loudly at run time; parsing must not
-    WorkerPodOperator.partial(task_id="worker_pods", name="kale-worker", cmds=["python"], labels=WORKER_LABELS,
-                              **pod_kwargs(kcfg)).expand(arguments=args)
+    WorkerPodOperator.partial(**worker_pods_partial_kwargs(DEPLOYMENT)).expand(arguments=args)
 
 
 kale_training()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -36,3 +38,108 @@ def airflow_home(airflow_template, tmp_path):
     from tests.airflow_harness import fresh_home
 
     return fresh_home(airflow_template, tmp_path / "home")
+
+
+# ------------------------------------------------------------------ PostgreSQL
+def _postgres_bin(name: str) -> str:
+    """A PostgreSQL server binary: on PATH, else Debian's /usr/lib/postgresql/<version>/bin."""
+    import glob
+    import shutil
+
+    found = shutil.which(name)
+    if found:
+        return found
+    versions = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"),
+                      key=lambda p: int(p.split("/")[4]) if p.split("/")[4].isdigit() else 0)
+    if versions:
+        return versions[-1]
+    pytest.fail(f"PostgreSQL's {name} is not installed: the control-plane store is tested against a real server; "
+                "install Debian's postgresql package (apt-get install postgresql) or put initdb and pg_ctl on PATH",
+                pytrace=False)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """A throwaway PostgreSQL server for the session: ``postgresql://postgres@127.0.0.1:PORT/kale``.
+
+    initdb refuses to run as root, so as root the server runs as the ``postgres`` user (or
+    ``nobody``) in a folder it owns; the folder lives under /tmp because pytest's own tmp
+    folders are private to the user running pytest."""
+    import os
+    import pwd
+    import shutil
+    import subprocess
+    import tempfile
+
+    initdb, pg_ctl = _postgres_bin("initdb"), _postgres_bin("pg_ctl")
+    root = Path(tempfile.mkdtemp(prefix="kale-pg-"))
+    data, log = root / "data", root / "server.log"
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        user = "postgres"
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            user = "nobody"
+        os.chmod(root, 0o755)
+        shutil.chown(root, user)
+        prefix = ["runuser", "-u", user, "--"]
+    port = _free_port()
+
+    def run(*cmd):
+        proc = subprocess.run([*prefix, *cmd], capture_output=True, text=True, check=False)
+        if proc.returncode:
+            server_log = log.read_text() if log.exists() else ""
+            pytest.fail(f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}\n{server_log}", pytrace=False)
+
+    run(initdb, "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8")
+    run(pg_ctl, "-D", str(data), "-l", str(log), "-w", "-o",
+        f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c max_connections=300 -c fsync=off", "start")
+    try:
+        import psycopg
+
+        with psycopg.connect(f"host=127.0.0.1 port={port} user=postgres dbname=postgres", autocommit=True) as c:
+            c.execute("CREATE DATABASE kale")
+        yield f"postgresql://postgres@127.0.0.1:{port}/kale"
+    finally:
+        subprocess.run([*prefix, pg_ctl, "-D", str(data), "-m", "fast", "-w", "stop"], capture_output=True, check=False)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_database(postgres_url):
+    """A new, empty database on the session's server for one test (tests never see each other's rows)."""
+    import uuid
+
+    import psycopg
+
+    name = f"kale_{uuid.uuid4().hex[:12]}"
+    admin = postgres_url.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(admin, autocommit=True) as c:
+        c.execute(f"CREATE DATABASE {name}")
+    yield postgres_url.rsplit("/", 1)[0] + f"/{name}"
+    from kale_airflow.store.database import forget_databases
+
+    forget_databases()  # close the pooled connections, or the server runs out of them
+    with psycopg.connect(admin, autocommit=True) as c:
+        c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request, tmp_path):
+    """The control-plane database URL, once per backend: a SQLite file and a PostgreSQL database."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'kale.db'}"
+        from kale_airflow.store.database import forget_databases
+
+        forget_databases()
+    else:
+        yield request.getfixturevalue("postgres_database")

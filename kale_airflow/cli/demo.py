@@ -98,7 +98,7 @@ class Demo:
         from kale_airflow.runtime.samples import generate, pack
         from kale_airflow.stream.embedded import EmbeddedStream
 
-        metrics = EmbeddedMetrics(self.paths.metrics_db)  # seeded with the bundled trace
+        metrics = EmbeddedMetrics(self.paths.database_url)  # seeded with the bundled trace
         metrics.clear_throughput()  # the throughput model must come from these workers, not the seed
         path = self.kale_home / "profile-stream.db"
         s = EmbeddedStream(path, partitions=6)
@@ -107,7 +107,7 @@ class Demo:
                 s.append(p, pack(generate(1000, 100 * p + chunk)))
         for n in (1, 2, 3):
             spec = WorkerSpec(f"sqlite:///{path}", str(self.kale_home / "profile-ck"), group=f"profile{n}",
-                              metrics_db=str(self.paths.metrics_db), batch_size=self.batch,
+                              database_url=self.paths.database_url, batch_size=self.batch,
                               extra_args=["--step-time", str(self.step_time_s), "--report-every", "2"])
             workers = LocalWorkers(spec, self.kale_home / "worker-logs")
             workers.start(f"profile{n}", assign({str(p): 1.0 for p in range(6)}, n).to_dict())
@@ -171,7 +171,7 @@ class Demo:
         watcher.start()
         from kale_airflow.store import StateStore
 
-        store = StateStore(self.paths.state_db)
+        store = StateStore(self.paths.database_url)
         while not self._stop.is_set():
             state = self.dag("kale_autoscaler", {"poll_interval_s": 2, "max_polls": 15})
             cur = store.current()
@@ -193,7 +193,7 @@ class Demo:
 
         df = pd.DataFrame(self.samples).dropna(subset=["rate"])
         dt = df["t"].diff().fillna(2.0).clip(upper=10)
-        decisions = StateStore(self.paths.state_db).decisions(100_000)
+        decisions = StateStore(self.paths.database_url).decisions(100_000)
         changes = [d for d in decisions if d["target"] != d["workers"]]
         backlog = df["backlog"].fillna(0)
         fresh = df["freshness"].fillna(0)

@@ -60,6 +60,22 @@ class KubernetesWorkerConfig(BaseModel):
     run_as_user: int = 1000
     grace_period_s: int = Field(120, ge=0)
     kubernetes_conn_id: str = "kubernetes_default"
+    # The control-plane database URL (KALE_DATABASE_URL) reaches the pods only from this
+    # Secret (a secretKeyRef, never a plain value in the pod spec); the chart creates it or
+    # names an existing one.
+    database_secret: str = Field("kale-database", pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+    database_secret_key: str = Field("url", pattern=r"^[-._a-zA-Z0-9]{1,253}$")
+    # Airflow pool of the mapped worker-pod tasks (create it with as many slots as GPU workers).
+    pool: str = Field("kale_gpu", min_length=1, max_length=256)
+    # Seconds a Pending pod may wait to be scheduled (a node autoscaler adding a GPU node takes
+    # minutes), then seconds from scheduled to running (pulling a large GPU image).
+    schedule_timeout_s: int = Field(1800, gt=0)
+    startup_timeout_s: int = Field(600, gt=0)
+    # Deferrable pods free the Airflow worker slot: the triggerer watches the pod.
+    deferrable: bool = True
+    # Triggerer: seconds between pod status reads, and between log fetches (None: logs at the end only).
+    poll_interval_s: float = Field(10.0, gt=0)
+    logging_interval_s: int | None = Field(300, gt=0)
 
     @field_validator("run_as_user")
     @classmethod
@@ -97,6 +113,9 @@ class Deployment(BaseModel):
     training_dag_id: str = "kale_training"
     worker_batch_size: int = Field(512, ge=1)
     worker_step_time_s: float = Field(0.0, ge=0)
+    # How long a new generation waits for the workers it supersedes to checkpoint and stop
+    # (they notice within a report interval; pods get their grace period) before it fails.
+    handover_timeout_s: float = Field(180.0, gt=0)
     kale: KalePolicySettings = Field(default_factory=KalePolicySettings)  # type: ignore[valid-type]
     kubernetes: KubernetesWorkerConfig = Field(default_factory=KubernetesWorkerConfig)
 

@@ -4,6 +4,9 @@
   ``$AIRFLOW_HOME/kale`` or ``~/.kale``;
 - ``KALE_MLFLOW_URI``: MLflow tracking/registry URI; default a SQLite store
   ``sqlite:///$KALE_HOME/mlflow.db`` with artifacts under ``$KALE_HOME/mlartifacts``;
+- ``KALE_DATABASE_URL``: the control-plane database every component shares (generations,
+  assignments, decisions, autoscaler state, the embedded metrics); default a SQLite file
+  ``sqlite:///$KALE_HOME/kale.db``, ``postgresql://...`` in production;
 - ``KALE_METRICS_SOURCE``: where traffic and throughput history come from (``embedded``);
 - ``KALE_CONFIG``: the deployment file (default ``$KALE_HOME/kale.yaml`` when present).
 """
@@ -11,7 +14,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -23,16 +26,13 @@ class Settings:
     mlflow_uri: str
     metrics_source: str = "embedded"
     config_file: Path | None = None
+    database: str | None = field(default=None, repr=False)  # may hold a password: never in reprs or logs
 
     @property
-    def state_db(self) -> Path:
-        """The control-plane store: generations, assignments, decisions, autoscaler state."""
-        return self.home / "state.db"
-
-    @property
-    def metrics_db(self) -> Path:
-        """The embedded metrics store (SQLite)."""
-        return self.home / "metrics.db"
+    def database_url(self) -> str:
+        """The control-plane database: generations, assignments, decisions, autoscaler state and
+        the embedded metrics, for every component (``KALE_DATABASE_URL``, else a SQLite file)."""
+        return self.database or f"sqlite:///{self.home / 'kale.db'}"
 
     @property
     def stream_db(self) -> Path:
@@ -74,4 +74,5 @@ def settings() -> Settings:
     uri = os.environ.get("KALE_MLFLOW_URI") or f"sqlite:///{home / 'mlflow.db'}"
     explicit = os.environ.get("KALE_CONFIG")
     return Settings(home=home, mlflow_uri=uri, metrics_source=os.environ.get("KALE_METRICS_SOURCE", "embedded"),
-                    config_file=Path(explicit).expanduser() if explicit else None)
+                    config_file=Path(explicit).expanduser() if explicit else None,
+                    database=os.environ.get("KALE_DATABASE_URL") or None)

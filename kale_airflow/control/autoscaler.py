@@ -16,6 +16,9 @@ import logging
 import time
 from typing import Callable, Protocol
 
+import numpy as np
+import pandas as pd
+
 from kale_airflow.config import Config, load_config
 from kale_airflow.core.policies import Decision, KalePolicy, Observation, Reason
 from kale_airflow.core.policies.kale import KnownCapacity, OnlineForecastSource
@@ -25,6 +28,7 @@ from kale_airflow.store import StateStore
 
 log = logging.getLogger(__name__)
 STATE_KEY = "autoscaler_state"
+RECORD_BACKFILL_BINS = 12  # bins of traffic history recovered after a restart of the autoscaler
 
 
 class Autoscaler:
@@ -39,13 +43,14 @@ class Autoscaler:
         self.settings, self.dep = config.settings, config.deployment
         self.stream = stream if stream is not None else open_stream(self.dep.stream_url)
         self.metrics = metrics if metrics is not None else open_metrics(self.settings.metrics_source,
-                                                                        self.settings.metrics_db)
-        self.state = store or StateStore(self.settings.state_db)
+                                                                        self.settings.database_url)
+        self.state = store or StateStore(self.settings.database_url)
         self.registry = registry or MlflowChampions(self.settings.mlflow_uri)
         self.list_pods = pods or self._list_worker_pods
         self.policy: KalePolicy | None = None
         self.versions: tuple[str, str] | None = None
         self.model_error: str | None = None
+        self._recorded_until: int | None = None  # first bin not yet written to the traffic history
 
     @classmethod
     def from_environment(cls) -> "Autoscaler":
@@ -133,11 +138,32 @@ class Autoscaler:
                         oldest = min(oldest, rec[0].ts)
         return backlog, max(0.0, now - oldest)
 
+    def record_traffic(self, now: float) -> int:
+        """Write the stream's arrivals per completed ``bin_s`` bin to the traffic history the
+        forecaster retrains on. Idempotent (a bin is rewritten with the same count); after a
+        restart it backfills up to ``RECORD_BACKFILL_BINS`` bins. Returns the bins written."""
+        bin_s = self.dep.bin_s
+        done = int(now // bin_s)  # bins before this one have ended
+        first = max(self._recorded_until if self._recorded_until is not None else done - RECORD_BACKFILL_BINS,
+                    done - RECORD_BACKFILL_BINS)
+        if first >= done:
+            return 0
+        try:
+            counts = [float(sum(self.stream.arrivals(b * bin_s, (b + 1) * bin_s).values())) for b in range(first, done)]
+            index = pd.to_datetime(np.arange(first, done) * bin_s, unit="s")
+            self.metrics.write_traffic(pd.Series(counts, index=index))
+        except Exception as exc:  # noqa: BLE001 - recording must not stop the autoscaler; the next poke retries
+            log.warning("could not record traffic for bins %d..%d (%s); retrying at the next poke", first, done, exc)
+            return 0
+        self._recorded_until = done
+        return done - first
+
     # ----------------------------------------------------------------- decide
     def poke(self, now: float | None = None) -> tuple[Decision, Observation]:
         """One observation and decision, recorded with its reason."""
         now = time.time() if now is None else now
         obs = self.observe(now)
+        self.record_traffic(now)
         try:
             self._champions()
             self.model_error = None
@@ -178,6 +204,7 @@ class MlflowChampions:
 
     def __init__(self, uri: str):
         self.uri = uri
+        self._seen: tuple[str | None, str | None] = (None, None)
 
     def versions(self) -> tuple[str | None, str | None]:
         from kale_airflow.registry.mlflow_registry import (
@@ -185,15 +212,30 @@ class MlflowChampions:
             FORECASTER_MODEL,
             THROUGHPUT_MODEL,
             current_version,
-            mlflow_at,
+            registry_client,
         )
 
-        with mlflow_at(self.uri) as client:
-            return (current_version(client, FORECASTER_MODEL, CHAMPION),
-                    current_version(client, THROUGHPUT_MODEL, CHAMPION))
+        # The cached client of this URI only: this runs in the triggerer, next to other
+        # triggers, so no process-wide MLflow state or environment is changed.
+        client = registry_client(self.uri)
+        self._seen = (current_version(client, FORECASTER_MODEL, CHAMPION),
+                      current_version(client, THROUGHPUT_MODEL, CHAMPION))
+        return self._seen
 
     def load(self) -> tuple:
-        from kale_airflow.registry.mlflow_registry import FORECASTER_MODEL, THROUGHPUT_MODEL, load_champion
+        """The versions :meth:`versions` last reported (so the recorded versions are the loaded
+        ones even if the alias moves in between), else the current champions."""
+        from kale_airflow.registry.mlflow_registry import (
+            FORECASTER_MODEL,
+            THROUGHPUT_MODEL,
+            load_champion,
+            load_version,
+        )
 
-        return (load_champion(FORECASTER_MODEL, self.uri).unwrap_python_model().forecaster,
-                load_champion(THROUGHPUT_MODEL, self.uri).unwrap_python_model().model)
+        seen = self._seen
+
+        def one(name: str, version: str | None):
+            return load_version(name, version, self.uri) if version else load_champion(name, self.uri)
+
+        return (one(FORECASTER_MODEL, seen[0]).unwrap_python_model().forecaster,
+                one(THROUGHPUT_MODEL, seen[1]).unwrap_python_model().model)

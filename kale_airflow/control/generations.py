@@ -21,6 +21,7 @@ from kale_airflow.store import StateStore
 
 log = logging.getLogger(__name__)
 ASSIGNMENT = "default"
+STALE_HEARTBEAT_S = 30.0  # workers beat every report (5 s): silence this long means the process is gone
 
 
 def handover(stream, group: str, previous: dict | None, assignment: dict) -> dict[str, int]:
@@ -60,7 +61,7 @@ class Generations:
 
     def __init__(self, config: Config, store: StateStore | None = None, logger: logging.Logger | None = None):
         self.config = config
-        self.store = store or StateStore(config.settings.state_db)
+        self.store = store or StateStore(config.settings.database_url)
         self.log = logger or log
 
     # -------------------------------------------------------------- decisions
@@ -103,9 +104,11 @@ class Generations:
 
         dep, env = self.config.deployment, self.config.settings
         stream = open_stream(dep.stream_url)
-        rates = self._stream_rates(stream) or open_metrics(env.metrics_source, env.metrics_db).partition_rates()
+        rates = self._stream_rates(stream) or open_metrics(env.metrics_source, env.database_url).partition_rates()
         prev = self.store.latest(name, before=generation)
         previous_doc = {"assignment": prev[1]["assignment"]} if prev else None
+        if prev:  # its workers must have checkpointed and stopped: never two generations on one slice
+            self.await_stopped(prev[0])
         result = assign(rates, workers, previous_doc, RebalanceOptions(split=split))
         doc = result.to_dict(split=split)
         self._log_moves(prev, doc, result)
@@ -116,6 +119,25 @@ class Generations:
         if not self.store.put(name, generation, workers, doc):  # a concurrent run won: use its result
             doc = self.store.get(name, generation)
         return _summary(generation, doc, reused=False)
+
+    def await_stopped(self, generation: str, poll_s: float = 0.5) -> None:
+        """Wait until every worker of ``generation`` that ever ran has stopped (or is dead:
+        no heartbeat for ``STALE_HEARTBEAT_S``); raise after ``handover_timeout_s``, so the
+        task fails and retries rather than start workers on slices that are still trained."""
+        deadline = time.monotonic() + self.config.deployment.handover_timeout_s
+        while True:
+            now = time.time()
+            running = sorted(w for w, rec in self.store.workers_seen(generation).items()
+                             if rec["state"] == "running" and now - rec["heartbeat"] < STALE_HEARTBEAT_S)
+            if not running:
+                return
+            if time.monotonic() > deadline:
+                raise GenerationError(
+                    f"worker(s) {running} of generation {generation} are still training after "
+                    f"{self.config.deployment.handover_timeout_s:g} s; they stop when they see the new generation "
+                    "(check their logs, or raise handover_timeout_s)")
+            self.log.info("waiting for worker(s) %s of generation %s to checkpoint and stop", running, generation)
+            time.sleep(poll_s)
 
     def assignment(self, generation: str, name: str = ASSIGNMENT) -> dict:
         """The assignment document a generation was given (rebalance it first)."""
@@ -131,8 +153,8 @@ class Generations:
 
         env, dep = self.config.settings, self.config.deployment
         step = ["--step-time", str(dep.worker_step_time_s)] if dep.worker_step_time_s else []
-        spec = WorkerSpec(dep.stream_url, str(env.checkpoints), dep.group, str(env.metrics_db), str(env.state_db),
-                          dep.worker_batch_size, step)
+        spec = WorkerSpec(dep.stream_url, str(env.checkpoints), dep.group, env.database_url, dep.worker_batch_size,
+                          step)
         return LocalWorkers(spec, env.worker_logs).start(generation, self.assignment(generation))
 
     def pod_arguments(self, generation: str) -> list[list[str]]:
@@ -142,7 +164,9 @@ class Generations:
 
         dep = self.config.deployment
         doc = self.assignment(generation)
-        spec = WorkerSpec(dep.stream_url, CHECKPOINT_MOUNT, dep.group, batch_size=dep.worker_batch_size)
+        step = ["--step-time", str(dep.worker_step_time_s)] if dep.worker_step_time_s else []
+        spec = WorkerSpec(dep.stream_url, CHECKPOINT_MOUNT, dep.group, batch_size=dep.worker_batch_size,
+                          extra_args=step)
         n = len(doc["assignment"])
         return [spec.command(generation, w, n, {"assignment": doc["assignment"]})[1:] for w in range(n)]
 

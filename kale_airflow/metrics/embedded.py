@@ -1,33 +1,30 @@
-"""The embedded metrics store: one SQLite file, safe for several processes.
+"""The embedded metrics source: traffic and throughput history kept in the control-plane
+database (``KALE_DATABASE_URL``: one SQLite file by default, PostgreSQL in production).
 
-Tables: ``traffic(ts, value)`` (samples per step, ``ts`` in epoch seconds) and
-``throughput(ts, workers, rate)`` (samples/s measured by a worker set). On first use an
-empty store is seeded so the embedded default works out of the box: traffic from the
-bundled NYC taxi trace (its original timestamps), throughput from the simulator's
+Tables: ``traffic(ts, value)`` (samples per step, ``ts`` in epoch seconds),
+``throughput(ts, workers, rate)`` (samples/s measured by a worker set) and
+``partition_rates(ts, partition, rate)``. Traffic is only what was observed (the
+autoscaler records the stream's arrivals per bin); the forecaster's retrain falls back to
+the bundled trace, and says so, until there is some. On first use an empty store is
+seeded so the embedded default works out of the box: throughput from the simulator's
 profiling run of its reference cluster, partition rates from a Zipf(0.8) spread over 64
-partitions, until the stream and real workers record their own.
+partitions, until real workers and the stream record their own.
 """
 
 from __future__ import annotations
 
-import sqlite3
-from contextlib import closing
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from sqlalchemy import delete, func, select
 
 from kale_airflow.core.errors import KaleError
 from kale_airflow.core.shards import zipf_shares
 from kale_airflow.core.simulator import SimConfig, profile_observations
-from kale_airflow.core.traffic import BUNDLED_TRACE, load_trace
+from kale_airflow.store.database import Database, masked, open_database
+from kale_airflow.store.schema import partition_rates, throughput, traffic
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS traffic (ts INTEGER PRIMARY KEY, value REAL);
-CREATE TABLE IF NOT EXISTS throughput (ts REAL, workers INTEGER NOT NULL, rate REAL NOT NULL);
-CREATE INDEX IF NOT EXISTS throughput_ts ON throughput (ts);
-CREATE TABLE IF NOT EXISTS partition_rates (ts REAL NOT NULL, partition TEXT NOT NULL, rate REAL NOT NULL);
-"""
 SEED_PARTITIONS, SEED_SKEW = 64, 0.8
 
 
@@ -36,81 +33,96 @@ class MetricsError(KaleError, RuntimeError):
 
 
 class EmbeddedMetrics:
-    """Traffic and throughput history in SQLite (WAL mode, several readers and writers)."""
+    """Traffic and throughput history in the control-plane database (several readers and writers)."""
 
     name = "embedded"
 
-    def __init__(self, path: str | Path, *, seed: bool = True):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._conn() as c:
-            c.executescript(SCHEMA)
+    def __init__(self, url: str | Path, *, seed: bool = True):
+        self.db: Database = open_database(url)
         if seed:
             self._seed()
 
-    def _conn(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, timeout=30)
-        conn.execute("PRAGMA journal_mode=WAL")
-        return conn
+    def __repr__(self) -> str:
+        return f"EmbeddedMetrics({self.db!r})"
 
     def _seed(self) -> None:
-        with closing(self._conn()) as c:
-            have_traffic = c.execute("SELECT COUNT(*) FROM traffic").fetchone()[0]
-            have_tput = c.execute("SELECT COUNT(*) FROM throughput").fetchone()[0]
-        if not have_traffic:
-            self.write_traffic(load_trace(BUNDLED_TRACE).series)
-        if not have_tput:
-            n, r = profile_observations(SimConfig())
-            self.write_throughput(np.zeros(len(n)), n, r)
-        with closing(self._conn()) as c:
-            have_parts = c.execute("SELECT COUNT(*) FROM partition_rates").fetchone()[0]
-        if not have_parts:
-            shares = zipf_shares(SEED_PARTITIONS, SEED_SKEW, seed=0)
-            level = float(SimConfig().cluster.capacity(16))
-            self.write_partition_rates(0.0, {f"p{i:03d}": level * s for i, s in enumerate(shares)})
+        # Count and write under one lock: processes opening a fresh database together seed it once.
+        with self.db.locked() as c:
+            def count(table) -> int:
+                return c.execute(select(func.count()).select_from(table)).scalar()
 
-    def write_traffic(self, series: pd.Series) -> int:
-        """Insert or replace samples per step (NaN is stored as NULL: a missing value)."""
+            if not count(throughput):
+                n, r = profile_observations(SimConfig())
+                self._write_throughput(c, np.zeros(len(n)), n, r)
+            if not count(partition_rates):
+                shares = zipf_shares(SEED_PARTITIONS, SEED_SKEW, seed=0)
+                level = float(SimConfig().cluster.capacity(16))
+                self._write_partition_rates(c, 0.0, {f"p{i:03d}": level * s for i, s in enumerate(shares)})
+
+    def _write_traffic(self, c, series: pd.Series) -> int:
         ts = (series.index.asi8 // 10**9).tolist()
         vals = [None if not np.isfinite(v) else float(v) for v in series.to_numpy(dtype=float)]
-        with closing(self._conn()) as c, c:
-            c.executemany("INSERT OR REPLACE INTO traffic (ts, value) VALUES (?, ?)", zip(ts, vals))
+        # The last value of a repeated step wins (as before); PostgreSQL refuses one statement
+        # that updates the same row twice, so duplicates are dropped here.
+        rows = [{"ts": t, "value": v} for t, v in dict(zip(ts, vals)).items()]
+        if rows:
+            stmt = self.db.insert(traffic)
+            c.execute(stmt.on_conflict_do_update(index_elements=[traffic.c.ts], set_={"value": stmt.excluded.value}),
+                      rows)
         return len(ts)
+
+    def _write_throughput(self, c, ts, workers, rates) -> int:
+        rows = [{"ts": float(t), "workers": int(n), "rate": float(r)} for t, n, r in zip(ts, workers, rates)]
+        if rows:
+            c.execute(throughput.insert(), rows)
+        return len(rows)
+
+    def _write_partition_rates(self, c, ts: float, rates: dict[str, float]) -> int:
+        rows = [{"ts": float(ts), "partition": str(p), "rate": float(r)} for p, r in rates.items()]
+        if rows:
+            c.execute(partition_rates.insert(), rows)
+        return len(rows)
+
+    def write_traffic(self, series: pd.Series) -> int:
+        """Insert or replace samples per step (NaN is stored as NULL: a missing value).
+
+        Idempotent: INSERT .. ON CONFLICT (ts) DO UPDATE, so a replayed write changes nothing."""
+        with self.db.begin() as c:
+            return self._write_traffic(c, series)
 
     def write_throughput(self, ts, workers, rates) -> int:
         """Append (time, workers, samples/s) observations."""
-        rows = [(float(t), int(n), float(r)) for t, n, r in zip(ts, workers, rates)]
-        with closing(self._conn()) as c, c:
-            c.executemany("INSERT INTO throughput (ts, workers, rate) VALUES (?, ?, ?)", rows)
-        return len(rows)
+        with self.db.begin() as c:
+            return self._write_throughput(c, ts, workers, rates)
 
     def write_partition_rates(self, ts: float, rates: dict[str, float]) -> int:
         """Record samples/s per partition measured at ``ts``."""
-        with closing(self._conn()) as c, c:
-            c.executemany("INSERT INTO partition_rates (ts, partition, rate) VALUES (?, ?, ?)",
-                          [(float(ts), str(p), float(r)) for p, r in rates.items()])
-        return len(rates)
+        with self.db.begin() as c:
+            return self._write_partition_rates(c, ts, rates)
 
     def partition_rates(self) -> dict[str, float]:
         """The latest measured rate of every partition."""
-        with closing(self._conn()) as c:
-            rows = c.execute("SELECT partition, rate FROM partition_rates p WHERE ts = "
-                             "(SELECT MAX(ts) FROM partition_rates q WHERE q.partition = p.partition)").fetchall()
+        p, q = partition_rates.alias("p"), partition_rates.alias("q")
+        latest = select(func.max(q.c.ts)).where(q.c.partition == p.c.partition).scalar_subquery()
+        with self.db.connect() as c:
+            rows = c.execute(select(p.c.partition, p.c.rate).where(p.c.ts == latest)).all()
         if not rows:
-            raise MetricsError(f"no partition rates in {self.path}; the stream or workers must record them")
-        return dict(sorted(rows))
+            raise MetricsError(f"no partition rates in {masked(self.db.url)}; the stream or workers must record them")
+        return dict(sorted((str(k), float(v)) for k, v in rows))
 
     def traffic_history(self, days: float, end: pd.Timestamp | None = None) -> pd.Series:
         """The last ``days`` of traffic up to ``end`` (default: the latest stored point).
 
         Missing values come back as NaN, so validation can name them."""
-        with closing(self._conn()) as c:
-            last = c.execute("SELECT MAX(ts) FROM traffic").fetchone()[0]
+        with self.db.connect() as c:
+            last = c.execute(select(func.max(traffic.c.ts))).scalar()
             if last is None:
-                raise MetricsError(f"no traffic in {self.path}; record some or point KALE_METRICS_SOURCE elsewhere")
-            stop = int(end.timestamp()) if end is not None else last
-            rows = c.execute("SELECT ts, value FROM traffic WHERE ts > ? AND ts <= ? ORDER BY ts",
-                             (stop - int(days * 86400), stop)).fetchall()
+                raise MetricsError(f"no traffic in {masked(self.db.url)}; record some or point "
+                                   "KALE_METRICS_SOURCE elsewhere")
+            stop = int(end.timestamp()) if end is not None else int(last)
+            rows = c.execute(select(traffic.c.ts, traffic.c.value)
+                             .where(traffic.c.ts > stop - int(days * 86400), traffic.c.ts <= stop)
+                             .order_by(traffic.c.ts)).all()
         if not rows:
             raise MetricsError(f"no traffic in the {days:g} days before {pd.Timestamp(stop, unit='s')}")
         ts, vals = zip(*rows)
@@ -119,19 +131,21 @@ class EmbeddedMetrics:
 
     def clear_throughput(self) -> None:
         """Forget all throughput observations (e.g. the seed, before profiling real workers)."""
-        with closing(self._conn()) as c, c:
-            c.execute("DELETE FROM throughput")
+        with self.db.begin() as c:
+            c.execute(delete(throughput))
 
     def throughput_observations(self, since: float | None = None) -> pd.DataFrame:
         """(ts, workers, rate) observations, all or those after ``since`` (epoch seconds)."""
-        with closing(self._conn()) as c:
-            rows = c.execute("SELECT ts, workers, rate FROM throughput WHERE ts > ? ORDER BY ts",
-                             (float("-inf") if since is None else since,)).fetchall()
+        q = select(throughput.c.ts, throughput.c.workers, throughput.c.rate).order_by(throughput.c.ts, throughput.c.id)
+        if since is not None:
+            q = q.where(throughput.c.ts > since)
+        with self.db.connect() as c:
+            rows = [tuple(r) for r in c.execute(q).all()]
         return pd.DataFrame(rows, columns=["ts", "workers", "rate"])
 
 
-def open_metrics(source: str, path: str | Path) -> EmbeddedMetrics:
-    """The metrics source named in configuration."""
+def open_metrics(source: str, url: str | Path) -> EmbeddedMetrics:
+    """The metrics source named in configuration (``embedded``: the control-plane database at ``url``)."""
     if source == "embedded":
-        return EmbeddedMetrics(path)
+        return EmbeddedMetrics(url)
     raise MetricsError(f"unknown metrics source {source!r}; available: embedded")

@@ -6,10 +6,16 @@ from __future__ import annotations
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from kale_airflow.config import KubernetesWorkerConfig
+from kale_airflow.config import Deployment, KubernetesWorkerConfig
 from kale_airflow.core.errors import KaleError
 from kale_airflow.runtime.backends import WorkerSpec
-from kale_airflow.runtime.kubernetes import WORKER_LABELS, label_value, pod_kwargs
+from kale_airflow.runtime.kubernetes import KUBERNETES_API_CALLS, WORKER_LABELS, label_value, pod_kwargs
+
+
+def _required_permissions() -> str:
+    """'create, delete, ... on pods; get on pods/log; ...' from KUBERNETES_API_CALLS."""
+    return "; ".join(f"{', '.join(sorted(verbs))} on {resource}"
+                     for (_, resource), verbs in sorted(KUBERNETES_API_CALLS.items(), key=lambda kv: kv[0][1]))
 
 
 class KubernetesPermissionError(KaleError, AirflowFailException):
@@ -32,9 +38,10 @@ class WorkerPodOperator(KubernetesPodOperator):
                 raise KubernetesPermissionError(
                     f"Kubernetes refused to create pod {pod_request_obj.metadata.name} in namespace '{namespace}' "
                     f"(403 Forbidden): the Airflow worker's service account needs the 'create' verb on 'pods' "
-                    f"(plus get, list, watch, patch, delete on pods, get on pods/log, list on events) in "
-                    f"'{namespace}'. Install the kale-airflow chart's Role and RoleBinding for that service account "
-                    f"(values airflow.workerServiceAccount / training.namespace). API said: {exc.reason}"
+                    f"(the worker and triggerer need: {_required_permissions()}) in '{namespace}'. Install the "
+                    f"kale-airflow chart's Role and RoleBinding for those service accounts (values "
+                    f"airflow.workerServiceAccount / airflow.triggererServiceAccount / training.namespace). "
+                    f"API said: {exc.reason}"
                 ) from exc
             if exc.status == 409:
                 pod = self.find_pod(namespace, context=context, exclude_checked=False)
@@ -58,6 +65,25 @@ def worker_pod_operator(cfg: KubernetesWorkerConfig, spec: WorkerSpec, generatio
         **pod_kwargs(cfg),
         **operator_kwargs,
     )
+
+
+def worker_pods_partial_kwargs(dep: Deployment) -> dict:
+    """``WorkerPodOperator.partial(**these).expand(arguments=...)``: the kale_training DAG's
+    mapped GPU pods, one per worker command line (the DAG and its tests share this)."""
+    return dict(
+        task_id="worker_pods", name="kale-worker", cmds=["python"], labels=dict(WORKER_LABELS),
+        # a whole generation (up to max_workers pods) may be in flight (deferred counts here)
+        max_active_tis_per_dagrun=dep.max_workers,
+        **{**pod_kwargs(dep.kubernetes),
+           # local deployments never start pods: parse in default_pool, no "non-existent pool" warning
+           **({} if dep.worker_backend == "kubernetes" else {"pool": "default_pool"})},
+    )
+
+
+def training_dag_max_active_tasks(dep: Deployment) -> int:
+    """The kale_training DAG's max_active_tasks: every worker pod task plus the branch and the
+    argument task (Airflow's default of 16 per DAG would hold larger generations back)."""
+    return dep.max_workers + 2
 
 
 def pod_manifest(operator: KubernetesPodOperator) -> dict:

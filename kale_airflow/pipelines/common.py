@@ -12,14 +12,15 @@ from kale_airflow.config import Settings
 def promote_or_hold(settings: Settings, name: str, version: str, challenger: dict, champion: dict | None,
                     metric: str, auto_promote: bool) -> dict:
     """Compare on the recorded metric (lower is better) and move aliases or tag for review."""
-    from kale_airflow.registry.mlflow_registry import mlflow_at, review
+    from kale_airflow.registry.mlflow_registry import registry_client, review
 
     comparison = {f"challenger {k}": v for k, v in challenger.items() if isinstance(v, (int, float))}
     if champion:
         comparison |= {f"champion {k}": v for k, v in champion.items() if isinstance(v, (int, float))}
-    with mlflow_at(settings.mlflow_uri) as client:
-        r = review(client, name, version, challenger[metric], champion.get(metric) if champion else None, metric,
-                   auto_promote, comparison)
+    # Only client calls (no fluent API): no MLflow global is changed. A registry error raises
+    # RegistryUnavailable before any alias or tag moves.
+    r = review(registry_client(settings.mlflow_uri), name, version, challenger[metric],
+               champion.get(metric) if champion else None, metric, auto_promote, comparison)
     return r.to_dict()
 
 

@@ -10,35 +10,51 @@ import logging
 import time
 
 import numpy as np
+import pandas as pd
 
 from kale_airflow.config import Settings
 from kale_airflow.core.backtest import evaluate, split
 from kale_airflow.core.forecast import ForecastError, get_forecaster, quantile_column
-from kale_airflow.core.traffic import TraceError, load_trace
-from kale_airflow.metrics.embedded import open_metrics
+from kale_airflow.core.traffic import BUNDLED_TRACE, TraceError, load_trace
+from kale_airflow.metrics.embedded import MetricsError, open_metrics
 from kale_airflow.pipelines.common import data_hash
 
 log = logging.getLogger(__name__)
-MIN_HISTORY_DAYS = 2.0
+MIN_STEPS = 24  # a day of 1-hour steps, two minutes of 5-second bins
 
 
 def extract_traffic(settings: Settings, run_id: str, history_days: float) -> dict:
-    """Read the traffic history from the metrics source into ``history.csv``."""
-    series = open_metrics(settings.metrics_source, settings.metrics_db).traffic_history(history_days)
+    """Read the last ``history_days`` of observed traffic (what the autoscaler recorded from
+    the stream) into ``history.csv``. Before anything was observed, the bundled NYC taxi
+    trace stands in, and ``source`` says so (it is logged with the MLflow run)."""
+    try:
+        series = open_metrics(settings.metrics_source, settings.database_url).traffic_history(history_days)
+        source = "observed"
+    except MetricsError as exc:
+        log.warning("no observed traffic yet (%s): training on the bundled NYC taxi trace instead", exc)
+        seed = load_trace(BUNDLED_TRACE).series
+        series = seed[seed.index > seed.index[-1] - pd.Timedelta(days=history_days)]
+        source = "bundled seed (no observed traffic yet)"
     path = settings.run_dir(run_id) / "history.csv"
     series.rename("value").to_csv(path, index_label="timestamp")
-    log.info("extracted %d rows (%s .. %s) to %s", len(series), series.index[0], series.index[-1], path)
-    return {"path": str(path), "rows": len(series), "start": str(series.index[0]), "end": str(series.index[-1])}
+    log.info("extracted %d rows of %s traffic (%s .. %s) to %s", len(series), source, series.index[0],
+             series.index[-1], path)
+    return {"path": str(path), "rows": len(series), "start": str(series.index[0]), "end": str(series.index[-1]),
+            "source": source}
 
 
-def validate_traffic(path: str, horizon_minutes: float) -> dict:
-    """Strict validation: bad rows, gaps, NaNs, too short or constant history fail the task."""
+def validate_traffic(path: str, horizon_minutes: float, test_days: float) -> dict:
+    """Strict validation: bad rows, gaps, NaNs, too short or constant history fail the task.
+
+    The history must hold the backtest window twice (train before it, then test on it)
+    and at least ``MIN_STEPS`` steps."""
     trace = load_trace(path, min_rows=2)
     days = trace.duration_s / 86400
-    if days < MIN_HISTORY_DAYS:
+    if days < 2 * test_days or len(trace.series) < MIN_STEPS:
         raise TraceError(
-            f"history covers {days:.2f} days; at least {MIN_HISTORY_DAYS:g} days are needed "
-            "(one to train on, one to backtest): raise the history_days param or wait for more data"
+            f"history covers {days:.3g} days in {len(trace.series)} steps; at least {2 * test_days:.3g} days "
+            f"(twice test_days: train, then backtest) and {MIN_STEPS} steps are needed: raise the history_days "
+            "param, lower test_days, or wait for more observed traffic"
         )
     if np.ptp(trace.values) == 0:
         raise TraceError("traffic history is constant; a forecaster would learn nothing: check the metrics source")
@@ -48,11 +64,17 @@ def validate_traffic(path: str, horizon_minutes: float) -> dict:
 
 
 def train_and_backtest(settings: Settings, run_id: str, path: str, forecaster: str, horizon_minutes: float,
-                       test_days: float, options: dict | None = None) -> dict:
+                       test_days: float, options: dict | None = None, source: str = "observed") -> dict:
     """Train the challenger (``forecaster`` built with ``options``) before the test window;
     backtest it and the champion on that window."""
     from kale_airflow.forecasting.persist import save_forecaster
-    from kale_airflow.registry.mlflow_registry import FORECASTER_MODEL, current_version, load_champion, mlflow_at
+    from kale_airflow.registry.mlflow_registry import (
+        CHAMPION,
+        FORECASTER_MODEL,
+        current_version,
+        load_version,
+        registry_client,
+    )
     from kale_airflow.reporting.plots import plot_backtest
 
     trace = load_trace(path, min_rows=2)
@@ -69,14 +91,14 @@ def train_and_backtest(settings: Settings, run_id: str, path: str, forecaster: s
     save_forecaster(model, out / "forecaster")
     plot_backtest(result, out / "backtest.png")
     champion_metrics = None
-    with mlflow_at(settings.mlflow_uri, settings.artifacts.as_uri()) as client:
-        if current_version(client, FORECASTER_MODEL, "champion"):
-            champ = load_champion(FORECASTER_MODEL, settings.mlflow_uri).unwrap_python_model().forecaster
-            try:
-                champion_metrics = evaluate(series, champ, horizon, first_origin=cut, stride=horizon).metrics
-            except (ForecastError, ValueError) as exc:
-                log.warning("champion could not forecast this window (%s); it counts as losing", exc)
-                champion_metrics = {"mase": float("inf"), "error": str(exc)}
+    champion_version = current_version(registry_client(settings.mlflow_uri), FORECASTER_MODEL, CHAMPION)
+    if champion_version:
+        champ = load_version(FORECASTER_MODEL, champion_version, settings.mlflow_uri).unwrap_python_model().forecaster
+        try:
+            champion_metrics = evaluate(series, champ, horizon, first_origin=cut, stride=horizon).metrics
+        except (ForecastError, ValueError) as exc:
+            log.warning("champion could not forecast this window (%s); it counts as losing", exc)
+            champion_metrics = {"mase": float("inf"), "error": str(exc)}
     summary = {
         "model_dir": str(out / "forecaster"),
         "plot": str(out / "backtest.png"),
@@ -87,6 +109,7 @@ def train_and_backtest(settings: Settings, run_id: str, path: str, forecaster: s
         "data_hash": data_hash(series.iloc[start:cut]),
         "forecaster": forecaster,
         "options": options or {},
+        "traffic_source": source,
         "horizon_steps": horizon,
         "quantile_columns": [quantile_column(q) for q in model.quantiles],
     }
@@ -104,7 +127,8 @@ def register_forecaster(settings: Settings, run_id: str, summary: dict) -> dict:
         with mlflow.start_run(run_name=f"forecaster-{run_id}") as run:
             mlflow.log_params({"forecaster": summary["forecaster"], "horizon_steps": summary["horizon_steps"],
                                "train_start": summary["train_start"], "train_end": summary["train_end"],
-                               "data_hash": summary["data_hash"], "airflow_run_id": run_id}
+                               "data_hash": summary["data_hash"], "airflow_run_id": run_id,
+                               "traffic_source": summary.get("traffic_source", "observed")}
                               | {f"option.{k}": v for k, v in summary.get("options", {}).items()})
             mlflow.log_metrics({k: v for k, v in summary["metrics"].items() if isinstance(v, (int, float))})
             mlflow.log_artifact(summary["plot"])

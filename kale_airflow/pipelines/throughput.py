@@ -16,9 +16,15 @@ from kale_airflow.pipelines.common import data_hash
 
 def refit_throughput(settings: Settings, run_id: str, holdout_fraction: float = 0.2) -> dict:
     """Fit on older observations, score on the newest; the champion is scored on the same ones."""
-    from kale_airflow.registry.mlflow_registry import THROUGHPUT_MODEL, current_version, load_champion, mlflow_at
+    from kale_airflow.registry.mlflow_registry import (
+        CHAMPION,
+        THROUGHPUT_MODEL,
+        current_version,
+        load_version,
+        registry_client,
+    )
 
-    obs = open_metrics(settings.metrics_source, settings.metrics_db).throughput_observations()
+    obs = open_metrics(settings.metrics_source, settings.database_url).throughput_observations()
     if len(obs) < 4:
         raise ValueError(f"only {len(obs)} throughput observations; workers must record at least 4 to fit")
     obs = obs.sort_values("ts", kind="stable")
@@ -34,10 +40,10 @@ def refit_throughput(settings: Settings, run_id: str, holdout_fraction: float = 
     out = settings.run_dir(run_id) / "throughput.json"
     out.write_text(json.dumps(model.to_dict(), indent=2))
     champion = None
-    with mlflow_at(settings.mlflow_uri, settings.artifacts.as_uri()) as client:
-        if current_version(client, THROUGHPUT_MODEL, "champion"):
-            champ = load_champion(THROUGHPUT_MODEL, settings.mlflow_uri).unwrap_python_model().model
-            champion = {"rel_rmse": _rel_rmse(champ, test)}
+    champion_version = current_version(registry_client(settings.mlflow_uri), THROUGHPUT_MODEL, CHAMPION)
+    if champion_version:
+        champ = load_version(THROUGHPUT_MODEL, champion_version, settings.mlflow_uri).unwrap_python_model().model
+        champion = {"rel_rmse": _rel_rmse(champ, test)}
     return {"path": str(out), "metrics": metrics, "champion_metrics": champion, "data_hash": data_hash(obs)}
 
 

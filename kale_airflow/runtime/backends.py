@@ -22,10 +22,15 @@ class WorkerSpec:
     stream_url: str
     checkpoint_dir: str
     group: str = "kale"
-    metrics_db: str | None = None
-    control_db: str | None = None
+    # The control-plane database; it reaches workers through the environment (see :meth:`environment`),
+    # never the command line, which process listings and pod specs show.
+    database_url: str | None = field(default=None, repr=False)
     batch_size: int = 512
     extra_args: list[str] = field(default_factory=list)
+
+    def environment(self) -> dict[str, str]:
+        """Environment variables every worker needs besides its command (``KALE_DATABASE_URL``)."""
+        return {"KALE_DATABASE_URL": self.database_url} if self.database_url else {}
 
     def command(self, generation: str, worker_id: int, workers: int, assignment: dict | str) -> list[str]:
         """Container/process command for one worker."""
@@ -34,10 +39,6 @@ class WorkerSpec:
                "--assignment", doc, "--worker-id", str(worker_id), "--workers-total", str(workers),
                "--generation", generation, "--checkpoint-dir", self.checkpoint_dir,
                "--batch-size", str(self.batch_size)]
-        if self.metrics_db:
-            cmd += ["--metrics-db", self.metrics_db]
-        if self.control_db:
-            cmd += ["--control-db", self.control_db]
         return cmd + self.extra_args
 
 
@@ -58,7 +59,8 @@ class LocalWorkers:
         workers = len(assignment.get("assignment", assignment))
         # Local workers share this machine's cores: split them instead of oversubscribing.
         threads = max(1, (os.cpu_count() or 1) // workers)
-        env = os.environ | {"KALE_WORKER_THREADS": os.environ.get("KALE_WORKER_THREADS", str(threads))}
+        env = os.environ | self.spec.environment() | {
+            "KALE_WORKER_THREADS": os.environ.get("KALE_WORKER_THREADS", str(threads))}
         for w in range(workers):
             cmd = self.spec.command(generation, w, workers, assignment)
             cmd = [sys.executable, "-m", "kale_airflow.runtime.supervise", "--max-restarts", str(self.max_restarts),

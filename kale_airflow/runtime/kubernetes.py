@@ -5,7 +5,15 @@ command as a local process. The pod: ``nvidia.com/gpu`` limit, node selector and
 tolerations for GPU nodes, the checkpoint PersistentVolumeClaim mounted at
 ``/checkpoints``, non-root security context with no privilege escalation and all
 capabilities dropped, CPU/memory requests, a grace period long enough to checkpoint on
-SIGTERM, and labels naming the generation and worker.
+SIGTERM, and labels naming the generation and worker. The control-plane database URL
+(``KALE_DATABASE_URL``, which carries a password) comes from a Secret through a
+``secretKeyRef``, never as a plain value in the pod spec or the command line.
+
+The pods are deferrable by default: the Airflow worker creates the pod and frees its slot,
+the triggerer watches it (``KubernetesPodTrigger``) until it ends. Each mapped pod task runs
+in the configured Airflow pool; a Pending pod may wait ``schedule_timeout_s`` for a GPU node
+(a node autoscaler takes minutes) and keeps its labels meanwhile, so the autoscaler counts it
+as not yet running.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ def label_value(text: str) -> str:
 # Labels on every worker pod; the autoscaler counts Running pods by the first one.
 WORKER_LABELS = {"app.kubernetes.io/name": "kale-worker", "app.kubernetes.io/part-of": "kale-airflow"}
 WORKER_SELECTOR = f"app.kubernetes.io/name={WORKER_LABELS['app.kubernetes.io/name']}"
+DATABASE_URL_ENV = "KALE_DATABASE_URL"
 
 
 def pod_kwargs(cfg: KubernetesWorkerConfig) -> dict:
@@ -52,7 +61,9 @@ def pod_kwargs(cfg: KubernetesWorkerConfig) -> dict:
             k8s.V1Volume(name="tmp", empty_dir=k8s.V1EmptyDirVolumeSource())],  # writable scratch, root fs is read-only
         volume_mounts=[k8s.V1VolumeMount(name="checkpoints", mount_path=CHECKPOINT_MOUNT),
                        k8s.V1VolumeMount(name="tmp", mount_path="/tmp")],
-        env_vars=[k8s.V1EnvVar(name="HOME", value="/tmp")],
+        env_vars=[k8s.V1EnvVar(name="HOME", value="/tmp"),
+                  k8s.V1EnvVar(name=DATABASE_URL_ENV, value_from=k8s.V1EnvVarSource(
+                      secret_key_ref=k8s.V1SecretKeySelector(name=cfg.database_secret, key=cfg.database_secret_key)))],
         security_context=k8s.V1PodSecurityContext(run_as_non_root=True, run_as_user=cfg.run_as_user,
                                                   run_as_group=cfg.run_as_user, fs_group=cfg.run_as_user),
         container_security_context=k8s.V1SecurityContext(
@@ -68,21 +79,52 @@ def pod_kwargs(cfg: KubernetesWorkerConfig) -> dict:
         # restores the checkpoint and resumes from the committed offsets.
         retries=3,
         retry_delay=timedelta(seconds=30),
+        pool=cfg.pool,
+        # Deferrable: the triggerer watches the pod, the Airflow worker slot is freed.
+        deferrable=cfg.deferrable,
+        schedule_timeout_seconds=cfg.schedule_timeout_s,
+        startup_timeout_seconds=cfg.startup_timeout_s,
+        poll_interval=cfg.poll_interval_s,
+        logging_interval=cfg.logging_interval_s,
     )
 
 
-# Every Kubernetes API call made for the workers, all through KubernetesPodOperator's
-# PodManager (synchronous mode, no XCom sidecar): (API group, resource) -> verbs. The Helm
-# chart's Role grants exactly these; a test keeps the two equal.
+# Every Kubernetes API call made for the workers: (API group, resource) -> verbs. The Helm
+# chart's Role (bound to the Airflow worker and triggerer service accounts) grants exactly
+# these; a test keeps the two equal. Read from apache-airflow-providers-cncf-kubernetes 10.25
+# (operators/pod.py, utils/pod_manager.py, triggers/pod.py, hooks/kubernetes.py), no XCom
+# sidecar (no pods/exec), both modes: deferrable (default; the worker creates the pod and the
+# triggerer watches it) and synchronous (deferrable: false; the worker does everything).
 KUBERNETES_API_CALLS = {
     ("", "pods"): {
-        "create",   # create_namespaced_pod
-        "get",      # read_namespaced_pod (status polling)
-        "list",     # list_namespaced_pod (find the pod again on reattach_on_restart)
-        "watch",    # PodManager's watch.Watch() on pod phases
-        "patch",    # patch_namespaced_pod (mark the pod as checked before deletion)
-        "delete",   # delete_namespaced_pod (on_finish_action="delete_pod")
+        # create_namespaced_pod: PodManager.create_pod from KubernetesPodOperator.get_or_create_pod (worker)
+        "create",
+        # read_namespaced_pod: AsyncKubernetesHook.get_pod in KubernetesPodTrigger._get_pod and
+        # AsyncPodManager.await_pod_start (triggerer, status polling every poll_interval_s);
+        # KubernetesHook.get_pod in trigger_reentry and on reattach through the task state store,
+        # PodManager.read_pod in await_pod_completion / await_pod_start (worker)
+        "get",
+        # list_namespaced_pod: KubernetesPodOperator.find_pod (reattach_on_restart, and our 409
+        # reattach in WorkerPodOperator); the autoscaler counting Running worker pods by label
+        # (control/autoscaler.py, through KubernetesHook)
+        "list",
+        # patch_namespaced_pod: KubernetesPodOperator.patch_already_checked in cleanup (worker)
+        "patch",
+        # delete_namespaced_pod: PodManager.delete_pod (on_finish_action="delete_pod") and
+        # KubernetesPodOperator.on_kill (worker); AsyncKubernetesHook.delete_pod in
+        # KubernetesPodTrigger.on_kill when a deferred task is killed (triggerer)
+        "delete",
     },
-    ("", "pods/log"): {"get"},  # read_namespaced_pod_log (get_logs=True)
-    ("", "events"): {"list"},   # list_namespaced_event (reported when a pod fails)
+    # read_namespaced_pod_log: KubernetesPodOperator._write_logs in trigger_reentry and
+    # PodManager.read_pod_logs (worker, get_logs=True); AsyncKubernetesHook.read_logs every
+    # logging_interval_s (triggerer)
+    ("", "pods/log"): {"get"},
+    ("", "events"): {
+        # list_namespaced_event: PodManager.read_pod_events (worker, log_events_on_startup while
+        # Pending); AsyncKubernetesHook.get_pod_events (triggerer, polling fallback)
+        "list",
+        # watch of list_namespaced_event: AsyncKubernetesHook.watch_pod_events from
+        # AsyncPodManager.watch_pod_events while the pod is Pending (triggerer, log_events_on_startup)
+        "watch",
+    },
 }

@@ -140,15 +140,17 @@ class Worker:
             self.last_loss = loss.item()
         if self.step_time_s and n:  # emulate an accelerator's step time on CPU (demos, capacity planning)
             time.sleep(max(0.0, self.step_time_s * n / self.batch_size - (time.perf_counter() - t0)))
-        if self.audit is not None:
+        if self.audit is not None:  # what was trained, by whom and when (wall clock: comparable across processes)
+            t_end = time.time()
+            t_start = t_end - (time.perf_counter() - t0)
             with self.audit.open("a") as fh:
                 for s, a, b in audit:
-                    fh.write(f"{s.partition},{s.lo:.6f},{s.hi:.6f},{a},{b}\n")
+                    fh.write(f"{s.partition},{s.lo:.6f},{s.hi:.6f},{a},{b},{self.generation},{t_start:.6f},{t_end:.6f}\n")
                 fh.flush()
                 os.fsync(fh.fileno())
-        for s, o in new_pos.items():  # commit only after the step that consumed them
-            self.stream.commit(self._group(s), {s.partition: o})
-            self.positions[s] = o
+        # Commit only after the step that consumed them, every slice in one call.
+        self.stream.commit_many({self._group(s): {s.partition: o} for s, o in new_pos.items()})
+        self.positions.update(new_pos)
         self.steps += 1
         self.trained += n
         if self._window_start is None:
@@ -170,6 +172,10 @@ class Worker:
         # Cluster throughput estimate: replicas are symmetric, so n workers ~ n times one.
         self.metrics.write_throughput([time.time()], [self.workers_total], [rate * self.workers_total])
 
+    def _seen(self, state: str) -> None:
+        if self.control is not None:
+            self.control.worker_seen(self.generation, self.worker_id, state)
+
     def superseded(self) -> bool:
         """True when the control store names another generation as current."""
         if self.control is None:
@@ -182,6 +188,7 @@ class Worker:
         """Train until stopped (SIGTERM, superseded, ``max_steps``, or idle when asked)."""
         last_report = time.monotonic()
         starved = False
+        self._seen("running")
         while not _signalled:
             n = self.step()
             if n == 0:
@@ -194,6 +201,7 @@ class Worker:
                 self.checkpoint()
             if time.monotonic() - last_report >= report_every_s:
                 self._report(starved)
+                self._seen("running")
                 starved = False
                 last_report = time.monotonic()
                 if self.superseded():
@@ -202,6 +210,7 @@ class Worker:
             if max_steps is not None and self.steps >= max_steps:
                 break
         path = self.checkpoint()
+        self._seen("stopped")  # after the checkpoint: the next generation may take over these slices
         summary = {"steps": self.steps, "trained": self.trained, "malformed": self.malformed,
                    "checkpoint": str(path), "restored_from": self.restored_from}
         log.info("stopped: %s", summary)
@@ -221,8 +230,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--checkpoint-dir", required=True)
     ap.add_argument("--batch-size", type=int, default=512)
     ap.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints")
-    ap.add_argument("--metrics-db", help="embedded metrics store to record throughput into")
-    ap.add_argument("--control-db", help="state store naming the current generation")
+    ap.add_argument("--database-url", help="control-plane database to record throughput into and to read the "
+                    "current generation from (local use; default: the KALE_DATABASE_URL environment variable, "
+                    "which keeps a password out of process listings and pod specs)")
     ap.add_argument("--audit", help="append trained offset ranges here (tests, audits)")
     ap.add_argument("--report-every", type=float, default=5.0, help="seconds between throughput records")
     ap.add_argument("--step-time", type=float, default=0.0,
@@ -255,14 +265,12 @@ def main(argv: list[str] | None = None) -> int:
     slices = slices_for(assignment, args.worker_id)
     total = args.workers_total or len(assignment.get("assignment", assignment))
     metrics = control = None
-    if args.metrics_db:
+    url = args.database_url or os.environ.get("KALE_DATABASE_URL")
+    if url:  # without one the worker trains, but records nothing and never sees a newer generation
         from kale_airflow.metrics.embedded import EmbeddedMetrics
-
-        metrics = EmbeddedMetrics(args.metrics_db, seed=False)
-    if args.control_db:
         from kale_airflow.store import StateStore
 
-        control = StateStore(args.control_db)
+        metrics, control = EmbeddedMetrics(url, seed=False), StateStore(url)
     worker = Worker(open_stream(args.stream), args.group, slices, args.checkpoint_dir, args.worker_id,
                     args.generation, total, args.batch_size, checkpoint_every=args.checkpoint_every,
                     metrics=metrics, control=control, audit=args.audit, step_time_s=args.step_time)

@@ -81,12 +81,16 @@ class EmbeddedStream:
 
     def commit(self, group: str, offsets: dict[int, int]) -> None:
         """Store the next offsets to read for a group, atomically for all partitions given."""
+        self.commit_many({group: offsets})
+
+    def commit_many(self, offsets: dict[str, dict[int, int]]) -> None:
+        """Commit several groups in one transaction."""
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
             db.executemany("INSERT INTO commits (grp, partition, offset) VALUES (?, ?, ?) "
                            "ON CONFLICT (grp, partition) DO UPDATE SET offset = excluded.offset",
-                           [(group, p, o) for p, o in offsets.items()])
+                           [(g, p, o) for g, offs in offsets.items() for p, o in offs.items()])
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")

@@ -15,15 +15,17 @@ from airflow.api_fastapi.core_api.security import get_user
 from fastapi import Depends, FastAPI
 from fastapi.responses import HTMLResponse, Response
 
+# FastAPI's own documentation routes (/docs, /redoc, /openapi.json) are not covered by
+# app-level dependencies and would answer anonymous requests: they are switched off.
 app = FastAPI(title="Kale", description="Kale autoscaler: forecasts, workers and decisions",
-              dependencies=[Depends(get_user)])
+              dependencies=[Depends(get_user)], docs_url=None, redoc_url=None, openapi_url=None)
 
 
 def _store():
     from kale_airflow.config import settings
     from kale_airflow.store import StateStore
 
-    return StateStore(settings().state_db)
+    return StateStore(settings().database_url)
 
 
 def _state(limit: int = 500) -> dict:
@@ -41,24 +43,24 @@ def _models(cfg) -> list[dict]:
         FORECASTER_MODEL,
         THROUGHPUT_MODEL,
         RegistryUnavailable,
-        mlflow_at,
+        alias_version,
+        registry_client,
     )
 
     ui = os.environ.get("KALE_MLFLOW_UI_URL", "http://localhost:5000").rstrip("/")
     out = []
     try:
-        with mlflow_at(cfg.mlflow_uri) as client:
-            for name in (FORECASTER_MODEL, THROUGHPUT_MODEL):
-                for alias in (CHAMPION, CHALLENGER):
-                    try:
-                        mv = client.get_model_version_by_alias(name, alias)
-                    except Exception:  # noqa: BLE001 - no such alias
-                        continue
-                    out.append({"model": name, "alias": alias, "version": str(mv.version),
-                                "review": mv.tags.get("kale.review", ""),
-                                "url": f"{ui}/#/models/{name}/versions/{mv.version}"})
+        client = registry_client(cfg.mlflow_uri)  # cached per URI; no MLflow global (API server threads)
+        for name in (FORECASTER_MODEL, THROUGHPUT_MODEL):
+            for alias in (CHAMPION, CHALLENGER):
+                mv = alias_version(client, name, alias)  # None only when the model or alias does not exist
+                if mv is None:
+                    continue
+                out.append({"model": name, "alias": alias, "version": str(mv.version),
+                            "review": mv.tags.get("kale.review", ""),
+                            "url": f"{ui}/#/models/{name}/versions/{mv.version}"})
     except RegistryUnavailable as exc:
-        out.append({"model": "MLflow unreachable", "alias": "", "version": "", "review": str(exc)[:120], "url": ""})
+        out.append({"model": "MLflow unavailable", "alias": "", "version": "", "review": str(exc)[:300], "url": ""})
     return out
 
 

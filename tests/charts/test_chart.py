@@ -28,9 +28,17 @@ def test_lint_has_no_errors():
     assert helm_python.lint(str(CHART))["errors"] == []
 
 
+FULL = {"mlflow": {"enabled": True, "allowedHosts": ["mlflow.example.com"]}, "dags": {"configMap": True},
+        "database": {"url": "postgresql+psycopg://kale:pw@db.kale:5432/kale"}}
+
+
 @pytest.mark.parametrize("values", [{}, {"mlflow": {"enabled": True}}, {"dags": {"configMap": False},
-                                                                        "checkpoints": {"create": False}}],
-                         ids=["defaults", "with-mlflow", "no-dags-no-pvc"])
+                                                                        "checkpoints": {"create": False}},
+                                    FULL, {"database": {"existingSecret": "airflow-metadata", "secretKey": "connection"}},
+                                    {**FULL, "airflow": {"namespace": "kale-training", "workerServiceAccount": "w",
+                                                         "triggererServiceAccount": "t"}}],
+                         ids=["defaults", "with-mlflow", "no-dags-no-pvc", "everything-database-url", "existing-secret",
+                              "one-namespace"])
 @pytest.mark.parametrize("version", ["1.25.0", "1.37.0"])
 def test_every_manifest_validates_strictly(chart, values, version):
     docs, _ = render(chart, values)
@@ -39,16 +47,94 @@ def test_every_manifest_validates_strictly(chart, values, version):
         kubernetes_validate.validate(doc, version, strict=True)
 
 
-def test_dags_and_config_ship_as_configmaps(chart):
-    docs, notes = render(chart)
-    maps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
-    assert set(maps["kale-dags"]["data"]) == {p.name for p in DAGS.glob("*.py")}
-    assert maps["kale-dags"]["data"]["kale_autoscaler.py"] == (DAGS / "kale_autoscaler.py").read_text()
-    config = yaml.safe_load(maps["kale-config"]["data"]["kale.yaml"])
-    from kale_airflow.config import Deployment
+def kale_config(docs):
+    from kale_airflow.config import parse_deployment
 
-    Deployment(**config)  # the chart's default config is a valid deployment
-    assert "KALE_CONFIG" in notes["kale-airflow/templates/NOTES.txt"]
+    cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "kale-config")
+    return parse_deployment(yaml.safe_load(cm["data"]["kale.yaml"]), "chart")  # a valid deployment
+
+
+def test_config_ships_as_a_configmap_and_dags_do_not_by_default(chart):
+    docs, notes = render(chart)
+    assert {d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"} == {"kale-config"}
+    dep = kale_config(docs)  # the chart's default config is a valid deployment
+    assert dep.kubernetes.pool == "kale_gpu" and dep.kubernetes.deferrable and dep.kubernetes.schedule_timeout_s == 1800
+    text = notes["kale-airflow/templates/NOTES.txt"]
+    assert "KALE_CONFIG" in text and "baked into the Airflow image" in text and "git-sync" in text
+    assert "subPath" not in text
+
+
+def test_dags_configmap_is_mounted_file_by_file_with_subpath(chart):
+    docs, notes = render(chart, {"dags": {"configMap": True}})
+    dags = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "kale-dags")
+    assert set(dags["data"]) == {p.name for p in DAGS.glob("*.py")}
+    assert dags["data"]["kale_autoscaler.py"] == (DAGS / "kale_autoscaler.py").read_text()
+    text = notes["kale-airflow/templates/NOTES.txt"]
+    for p in DAGS.glob("*.py"):
+        assert (f"{{name: kale-dags, mountPath: /opt/airflow/dags/{p.name}, subPath: {p.name}, readOnly: true}}"
+                in text)
+    assert "Detected recursive loop" in text
+    values = (CHART / "values.yaml").read_text()
+    assert "configMap: false" in values and "NOT supported by Airflow 3's DAG processor" in values
+
+
+def secrets(docs):
+    return [d for d in docs if d["kind"] == "Secret"]
+
+
+def test_database_url_becomes_a_chart_secret_in_both_namespaces_and_reaches_the_pods(chart):
+    from kale_airflow.runtime.kubernetes import pod_kwargs
+
+    docs, notes = render(chart, FULL)
+    found = secrets(docs)
+    assert {(s["metadata"]["name"], s["metadata"]["namespace"]) for s in found} == {("kale-database", "kale-training"),
+                                                                                 ("kale-database", "airflow")}
+    assert all(s["stringData"] == {"url": FULL["database"]["url"]} for s in found)
+    dep = kale_config(docs)
+    assert (dep.kubernetes.database_secret, dep.kubernetes.database_secret_key) == ("kale-database", "url")
+    env = next(e for e in pod_kwargs(dep.kubernetes)["env_vars"] if e.name == "KALE_DATABASE_URL")
+    assert (env.value, env.value_from.secret_key_ref.name, env.value_from.secret_key_ref.key) == (
+        None, "kale-database", "url")
+    # the URL (and its password) is only in the Secrets, never in the ConfigMap or NOTES
+    assert not any("pw@" in yaml.safe_dump(d) for d in docs if d["kind"] != "Secret")
+    assert "pw@" not in notes["kale-airflow/templates/NOTES.txt"]
+    one_ns, _ = render(chart, {**FULL, "airflow": {"namespace": "kale-training"}})
+    assert [(s["metadata"]["namespace"]) for s in secrets(one_ns)] == ["kale-training"]
+
+
+def test_existing_secret_is_referenced_not_created(chart):
+    docs, notes = render(chart, {"database": {"existingSecret": "airflow-metadata", "secretKey": "connection"}})
+    assert secrets(docs) == []
+    dep = kale_config(docs)
+    assert (dep.kubernetes.database_secret, dep.kubernetes.database_secret_key) == ("airflow-metadata", "connection")
+    text = notes["kale-airflow/templates/NOTES.txt"]
+    assert ("secret:\n       - envName: KALE_DATABASE_URL\n         secretName: airflow-metadata\n"
+            "         secretKey: connection" in text)
+
+
+def test_no_database_value_warns_with_the_command(chart):
+    docs, notes = render(chart)
+    assert secrets(docs) == [] and kale_config(docs).kubernetes.database_secret == "kale-database"
+    assert "kubectl create secret generic kale-database -n kale-training" in notes["kale-airflow/templates/NOTES.txt"]
+
+
+def test_notes_cover_the_airflow_components_and_the_pool(chart):
+    _, notes = render(chart, {"config": {"stream_url": "kafka://k:9092/t", "worker_backend": "kubernetes",
+                                         "max_workers": 24, "kubernetes": {"pool": "a100"}}})
+    text = notes["kale-airflow/templates/NOTES.txt"]
+    assert "kubectl port-forward -n airflow svc/airflow-api-server 8080" in text and "http://localhost:8080/kale" in text
+    assert "dagProcessor:\n       enabled: true" in text and "triggerer:\n       enabled: true" in text
+    assert 'airflow pools set a100 24 "Kale GPU worker pods" --include-deferred' in text
+
+
+def test_mlflow_accepts_its_service_names_as_host(chart):
+    docs, _ = render(chart, FULL)
+    mlflow = next(d for d in docs if d["kind"] == "Deployment")
+    args = mlflow["spec"]["template"]["spec"]["containers"][0]["args"]
+    hosts = set(args[args.index("--allowed-hosts") + 1].split(","))
+    for name in ("kale-mlflow", "kale-mlflow.airflow", "kale-mlflow.airflow.svc", "kale-mlflow.airflow.svc.cluster.local"):
+        assert {name, f"{name}:5000"} <= hosts
+    assert {"localhost", "localhost:*", "mlflow.example.com"} <= hosts
 
 
 def test_role_grants_exactly_what_the_code_calls(chart):
@@ -78,8 +164,20 @@ def test_service_account_names_are_values(chart):
         ({"config": {"stream_url": "kafka://k:9092/t", "worker_backend": "slurm"}}, "/config/worker_backend"),
         ({"checkpoints": {"size": "lots"}}, "/checkpoints/size"),
         ({"mlflow": {"enabeld": True}}, "enabeld"),
+        ({"database": {"existingSecret": "s", "url": "postgresql://a:b@h/d"}}, "/database/url"),
+        ({"database": {"existingSecret": "Bad_Secret"}}, "/database/existingSecret"),
+        ({"database": {"secretKey": "a/b"}}, "/database/secretKey"),
+        ({"database": {"url": "password123"}}, "/database/url"),
+        ({"config": {"stream_url": "kafka://k:9092/t", "worker_backend": "kubernetes",
+                     "kubernetes": {"database_secret": "x"}}}, "database_secret"),
+        ({"config": {"stream_url": "kafka://k:9092/t", "worker_backend": "kubernetes",
+                     "kubernetes": {"schedule_timeout_s": "30m"}}}, "/config/kubernetes/schedule_timeout_s"),
+        ({"config": {"stream_url": "kafka://k:9092/t", "worker_backend": "kubernetes",
+                     "kubernetes": {"pool": ""}}}, "/config/kubernetes/pool"),
+        ({"mlflow": {"allowedHosts": ["a.example.com,b.example.com"]}}, "/mlflow/allowedHosts/0"),
     ],
-    ids=["namespace", "stream-url", "backend", "size", "typo"],
+    ids=["namespace", "stream-url", "backend", "size", "typo", "url-and-existing-secret", "secret-name", "secret-key",
+         "url-not-a-url", "database-secret-in-config", "schedule-timeout", "pool", "allowed-hosts-comma"],
 )
 def test_values_schema_rejects_bad_values(chart, values, where):
     with pytest.raises(helm_python.HelmValuesError) as err:

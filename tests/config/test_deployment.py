@@ -14,7 +14,7 @@ def test_defaults_are_the_embedded_deployment(tmp_path, monkeypatch):
     dep = cfg.deployment
     assert dep.stream_url == f"sqlite:///{tmp_path}/stream.db" and dep.worker_backend == "local"
     assert dep.kale_config.slo_s == 300 and dep.limits.upper == 8
-    assert cfg.settings.state_db == tmp_path / "state.db" and cfg.settings.metrics_db == tmp_path / "metrics.db"
+    assert cfg.settings.database_url == f"sqlite:///{tmp_path}/kale.db"
 
 
 @pytest.mark.parametrize(

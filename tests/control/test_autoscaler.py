@@ -16,7 +16,6 @@ from kale_airflow.core.rebalance import assign
 from kale_airflow.core.throughput import ThroughputModel
 from kale_airflow.metrics.embedded import EmbeddedMetrics
 from kale_airflow.registry.mlflow_registry import RegistryUnavailable
-from kale_airflow.store import StateStore
 from kale_airflow.stream.embedded import EmbeddedStream
 
 NOW = 1_800_000_000.0
@@ -48,18 +47,18 @@ def pod(phase):
 
 
 @pytest.fixture
-def home(tmp_path):
+def home(tmp_path, db_url):
+    """A stream and a control plane, once per backend (SQLite file and real PostgreSQL)."""
     stream = EmbeddedStream(tmp_path / "stream.db", partitions=4)
-    return tmp_path, stream
+    return tmp_path, stream, db_url
 
 
 def autoscaler(home, registry=None, pods=None, **deployment) -> Autoscaler:
-    tmp, stream = home
+    tmp, stream, db = home
     dep = Deployment(stream_url=f"sqlite:///{tmp / 'stream.db'}", poll_interval_s=15, bin_s=60,
                      max_workers=16, **deployment)
-    cfg = Config(Settings(tmp, f"sqlite:///{tmp / 'mlflow.db'}"), dep)
-    return Autoscaler(cfg, stream=stream, metrics=EmbeddedMetrics(tmp / "metrics.db", seed=False),
-                      store=StateStore(tmp / "state.db"), registry=registry or FakeChampions(), pods=pods)
+    cfg = Config(Settings(tmp, f"sqlite:///{tmp / 'mlflow.db'}", database=db), dep)
+    return Autoscaler(cfg, stream=stream, registry=registry or FakeChampions(), pods=pods)
 
 
 def arrive(stream, rate, seconds=15.0, end=NOW):
@@ -176,3 +175,13 @@ def test_unreadable_stream_metrics_never_scale_down(home):
     arrive(home[1], 100)
     d, obs = auto.poke(NOW)
     assert obs.backlog is None and (d.workers, d.reason) == (8, Reason.HOLD_MISSING_METRICS)
+
+
+def test_pokes_record_each_completed_bin_of_traffic_once(home):
+    auto = autoscaler(home)
+    arrive(home[1], 1200, seconds=120.0, end=NOW)  # 1,200 samples/s over the two minutes before NOW
+    assert auto.record_traffic(NOW) == 12  # a restarted autoscaler backfills the last 12 one-minute bins
+    assert auto.record_traffic(NOW + 30) == 0  # no bin has ended since
+    assert auto.record_traffic(NOW + 61) == 1
+    recorded = EmbeddedMetrics(home[2], seed=False).traffic_history(1)
+    assert len(recorded) == 13 and recorded.iloc[-3:-1].tolist() == [72_000.0, 72_000.0]

@@ -53,3 +53,36 @@ def test_a_stale_commit_of_an_older_generation_moves_forward_never_back(stream):
 
 def test_first_generation_moves_nothing(stream):
     assert handover(stream, "g", None, TWO) == {}
+
+
+def generations_at(tmp_path, timeout_s):
+    from kale_airflow.config import Config, Deployment, Settings
+    from kale_airflow.control.generations import Generations
+
+    env = Settings(tmp_path, f"sqlite:///{tmp_path}/mlflow.db")
+    return Generations(Config(env, Deployment(stream_url=f"sqlite:///{tmp_path}/s.db", handover_timeout_s=timeout_s)))
+
+
+@pytest.mark.parametrize("records, waits", [
+    ({0: ("stopped", 0.0), 1: ("stopped", 0.0)}, False),
+    ({0: ("stopped", 0.0), 1: ("running", 0.0)}, True),      # a live heartbeat: still training
+    ({0: ("running", -120.0)}, False),                       # silent for two minutes: the process is gone
+    ({}, False),                                             # never started (a pod still Pending)
+], ids=["all-stopped", "one-running", "stale-heartbeat", "never-started"])
+def test_a_new_generation_waits_for_the_workers_it_supersedes(tmp_path, records, waits):
+    import time
+
+    from kale_airflow.control.generations import GenerationError
+
+    gens = generations_at(tmp_path, timeout_s=1.0)
+    now = time.time()
+    for w, (state, age) in records.items():
+        gens.store.worker_seen("g1", w, state, now=now + age)
+    t0 = time.monotonic()
+    if waits:
+        with pytest.raises(GenerationError, match=r"worker\(s\) \[1\] of generation g1 are still training"):
+            gens.await_stopped("g1", poll_s=0.1)
+        assert time.monotonic() - t0 >= 1.0
+    else:
+        gens.await_stopped("g1", poll_s=0.1)
+        assert time.monotonic() - t0 < 0.5

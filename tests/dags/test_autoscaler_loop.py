@@ -34,8 +34,11 @@ while True:  # keeps the file's rate even when a loaded machine delays the loop
 """
 
 
-@pytest.fixture
-def live(airflow_home):
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def live(airflow_home, request):
+    """The loop's world, once per control-plane backend: SQLite (embedded) and a real PostgreSQL."""
+    if request.param == "postgres":
+        airflow_home.env["KALE_DATABASE_URL"] = request.getfixturevalue("postgres_database")
     home = airflow_home.kale_home
     home.mkdir(parents=True, exist_ok=True)
     (home / "kale.yaml").write_text(yaml.safe_dump({
@@ -57,7 +60,18 @@ def live(airflow_home):
     proc = subprocess.Popen([sys.executable, "-c", PRODUCER, str(home / "stream.db"), str(rate)])
     yield airflow_home, rate
     proc.kill()
-    subprocess.run(["pkill", "-f", str(home / "stream.db")], check=False)
+    proc.wait()
+    # The workers the training DAG started stop the way every superseded worker does.
+    store = store_of(airflow_home)
+    store.set_current_generation("test-finished", 0)
+    deadline = time.monotonic() + 30
+    while store.running_workers() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert store.running_workers() == [], "workers kept training after their generation was superseded"
+
+
+def store_of(home) -> StateStore:
+    return StateStore(home.env.get("KALE_DATABASE_URL") or f"sqlite:///{home.kale_home / 'kale.db'}")
 
 
 def set_rate(path, rate):
@@ -68,7 +82,7 @@ def set_rate(path, rate):
 
 
 def decisions(home):
-    return StateStore(home.kale_home / "state.db").decisions()
+    return store_of(home).decisions()
 
 
 def test_jump_scales_up_and_drop_scales_down_only_after_stabilization(live):
@@ -76,7 +90,7 @@ def test_jump_scales_up_and_drop_scales_down_only_after_stabilization(live):
     time.sleep(2)
     run = home.run("kale_autoscaler", {"poll_interval_s": 1, "max_polls": 30})
     assert run.state == "success", run.log[-3000:]
-    store = StateStore(home.kale_home / "state.db")
+    store = store_of(home)
     first = store.current()
     start = decisions(home)[-1]
     assert "no training generation is running" in start["message"]
@@ -123,11 +137,11 @@ def test_models_unavailable_keeps_the_current_workers(airflow_home):
     home.mkdir(parents=True, exist_ok=True)
     (home / "kale.yaml").write_text(yaml.safe_dump({"poll_interval_s": 1}))
     EmbeddedStream(home / "stream.db", partitions=2)
-    StateStore(home / "state.db").set_current_generation("g0", 4)
+    StateStore(home / "kale.db").set_current_generation("g0", 4)
     run = airflow_home.run("kale_autoscaler", {"poll_interval_s": 1, "max_polls": 2},
                            extra_env={"KALE_MLFLOW_URI": "http://127.0.0.1:9"})
     assert run.state == "success"
-    last = StateStore(home / "state.db").decisions()[-1]
+    last = StateStore(home / "kale.db").decisions()[-1]
     assert last["target"] == 4 and last["reason"] == "hold_missing_metrics"
     assert "MLflow at http://127.0.0.1:9 is unreachable" in last["message"]
     assert run.tasks["start_generation"] == "skipped"

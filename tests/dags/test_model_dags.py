@@ -5,6 +5,9 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
+from kale_airflow.config import Config, Deployment, Settings
+from kale_airflow.control.autoscaler import Autoscaler
+from kale_airflow.core.traffic import BUNDLED_TRACE, load_trace
 from kale_airflow.metrics.embedded import EmbeddedMetrics
 from kale_airflow.registry.mlflow_registry import FORECASTER_MODEL, THROUGHPUT_MODEL
 
@@ -31,6 +34,7 @@ def test_forecaster_retrain_registers_promotes_then_holds_for_review(airflow_hom
     run_data = client.get_run(v1.run_id).data
     assert {"train_start", "train_end", "data_hash"} <= set(run_data.params)
     assert run_data.params["option.level_window_s"] == "7200"
+    assert run_data.params["traffic_source"] == "bundled seed (no observed traffic yet)"
     assert "mase" in run_data.metrics and "coverage" in run_data.metrics
     assert "backtest.png" in {a.path for a in client.list_artifacts(v1.run_id)}
 
@@ -49,7 +53,7 @@ def test_forecaster_retrain_registers_promotes_then_holds_for_review(airflow_hom
 
     mlflow.set_tracking_uri(uri)
     model = mlflow.pyfunc.load_model(f"models:/{FORECASTER_MODEL}@challenger")
-    hist = EmbeddedMetrics(airflow_home.kale_home / "metrics.db").traffic_history(3)
+    hist = load_trace(BUNDLED_TRACE).series.iloc[-144:]  # nothing observed yet: it trained on the bundled trace
     out = model.predict(hist.rename("value").reset_index().rename(columns={"index": "timestamp"}),
                         params={"horizon": 2})
     assert list(out.columns) == ["timestamp", "mean", "q50", "q80", "q90"]
@@ -82,7 +86,7 @@ def test_throughput_refit_registers_and_promotes(airflow_home):
 
 def _store(home, values):
     idx = pd.date_range("2024-01-01", periods=len(values), freq="30min")
-    EmbeddedMetrics(home.kale_home / "metrics.db", seed=False).write_traffic(pd.Series(values, index=idx))
+    EmbeddedMetrics(home.kale_home / "kale.db", seed=False).write_traffic(pd.Series(values, index=idx))
 
 
 @pytest.mark.parametrize(
@@ -90,7 +94,7 @@ def _store(home, values):
     [
         (np.where(np.arange(480) == 300, np.nan, 100 + 50 * np.sin(np.arange(480) / 7.6)), "value is missing (NaN)"),
         (np.full(480, 250.0), "traffic history is constant"),
-        (100 + 50 * np.sin(np.arange(60) / 7.6), "at least 2 days are needed"),
+        (100 + 50 * np.sin(np.arange(60) / 7.6), "(twice test_days: train, then backtest)"),
     ],
     ids=["nan", "constant", "too-short"],
 )
@@ -111,3 +115,39 @@ def test_unreachable_mlflow_fails_with_a_clear_message(airflow_home):
     assert run.tasks["train_backtest"] == "failed"
     assert "MLflow at http://127.0.0.1:9 is unreachable" in run.log
     assert "No model or alias was changed" in run.log
+
+
+def test_retrain_trains_on_the_traffic_the_autoscaler_recorded(airflow_home):
+    """Three minutes of produced traffic, recorded bin by bin by the autoscaler's pokes,
+    are what the next retrain trains on (its MLflow run says so and names their range)."""
+    import time
+
+    from kale_airflow.stream.embedded import EmbeddedStream
+
+    home, bin_s = airflow_home.kale_home, 5.0
+    home.mkdir(parents=True, exist_ok=True)
+    stream = EmbeddedStream(home / "stream.db", partitions=2)
+    start = (int(time.time() // bin_s) - 40) * bin_s
+    for k in range(36):  # 36 bins of 5 s: a rate that rises and falls
+        n = 50 + 30 * (k % 12)
+        stream.append(k % 2, [b"x"] * n, ts=start + k * bin_s + 1.0)
+    env = Settings(home, airflow_home.mlflow_uri, database=f"sqlite:///{home / 'kale.db'}")
+    dep = Deployment(stream_url=f"sqlite:///{home / 'stream.db'}", bin_s=bin_s)
+    auto = Autoscaler(Config(env, dep), registry=object(), pods=list)
+    for k in range(36):  # the pokes of three minutes: each records the bins that ended since the last
+        auto.record_traffic(start + (k + 1) * bin_s)
+    recorded = EmbeddedMetrics(env.database_url, seed=False).traffic_history(1)
+    # The first poke backfilled 11 empty bins before the traffic began: observed zeros, not gaps.
+    first = start - 11 * bin_s
+    assert recorded.index[0] == pd.Timestamp(first, unit="s") and len(recorded) == 47
+    assert (recorded.iloc[:11] == 0).all() and recorded.iloc[11] == 50 and recorded.iloc[22] == 50 + 30 * 11
+
+    run = airflow_home.run("kale_forecaster_retrain", {
+        "forecaster": "seasonal", "history_days": 0.01, "test_days": 0.001, "horizon_minutes": 0.5,
+        "forecaster_options": {"level_window_s": 30}, "auto_promote": True})
+    assert run.state == "success", run.log[-3000:]
+    client = MlflowClient(airflow_home.mlflow_uri, airflow_home.mlflow_uri)
+    params = client.get_run(client.get_model_version(FORECASTER_MODEL, "1").run_id).data.params
+    assert params["traffic_source"] == "observed"
+    assert pd.Timestamp(params["train_start"]) == pd.Timestamp(first, unit="s")
+    assert pd.Timestamp(params["train_end"]) < pd.Timestamp(start + 36 * bin_s, unit="s")

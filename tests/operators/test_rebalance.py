@@ -33,11 +33,11 @@ def dag_folder(tmp_path):
 
 
 def test_assigns_each_generation_sticky_and_idempotent(airflow_home, dag_folder):
-    metrics = EmbeddedMetrics(airflow_home.kale_home / "metrics.db", seed=False)
+    metrics = EmbeddedMetrics(airflow_home.kale_home / "kale.db", seed=False)
     metrics.write_partition_rates(1.0, {"a": 900.0, "b": 50.0, "c": 30.0, "d": 20.0})
     r1 = airflow_home.run("rebalance_probe", {"workers": 4, "generation": "g1"}, dags=dag_folder)
     assert r1.state == "success", r1.log[-3000:]
-    store = StateStore(airflow_home.kale_home / "state.db")
+    store = StateStore(airflow_home.kale_home / "kale.db")
     g1 = store.get("default", "g1")
     assert g1["workers"] == 4 and g1["imbalance"] == pytest.approx(1.0)
     hot = [w for w, items in g1["assignment"].items() for p, s in items if p == "a"]
@@ -69,7 +69,7 @@ def test_new_slices_have_their_start_offsets_before_the_assignment_is_published(
         stream.append(p, [b"x"] * n)
     r1 = airflow_home.run("rebalance_probe", {"workers": 2, "generation": "g1"}, dags=dag_folder)
     assert r1.state == "success", r1.log[-3000:]
-    store = StateStore(airflow_home.kale_home / "state.db")
+    store = StateStore(airflow_home.kale_home / "kale.db")
     g1 = store.get("default", "g1")
     for w in g1["assignment"]:  # the first generation trains everything so far
         for sl in slices_for(g1, int(w)):

@@ -1,7 +1,12 @@
 """GPU worker pods through the real KubernetesPodOperator, validated offline (strict schema)."""
 
+import json
+import re
+from pathlib import Path
+
 import kubernetes_validate
 import pytest
+import yaml
 
 from kale_airflow.config import KubernetesWorkerConfig
 from kale_airflow.operators.worker_pod import pod_manifest, worker_pod_operator
@@ -97,3 +102,94 @@ def test_409_on_our_own_pod_reattaches(monkeypatch):
 
     with pytest.raises(ApiException):
         op.get_or_create_pod(pod, {})
+
+
+# ------------------------------------------------------------ the kale_training DAG's mapped pod
+DAG_FILE = Path(__file__).resolve().parents[2] / "dags" / "kale_training.py"
+SECRET_URL = "postgresql+psycopg://kale:s3cr3t-pw@db.kale:5432/kale"
+K8S_DEPLOYMENT = {"stream_url": "kafka://kafka.kale:9092/samples", "worker_backend": "kubernetes", "max_workers": 40,
+                  "partitions": 64, "kubernetes": {"namespace": "kale-training", "database_secret": "airflow-metadata",
+                                                   "database_secret_key": "connection", "pool": "gpu_a100",
+                                                   "schedule_timeout_s": 2400}}
+
+
+@pytest.fixture
+def training_dag(tmp_path, monkeypatch):
+    """kale_training parsed by Airflow's DagBag with a Kubernetes deployment (and a database
+    URL with a password in the environment, which must not leak into the pod)."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    (tmp_path / "kale.yaml").write_text(yaml.safe_dump(K8S_DEPLOYMENT))
+    monkeypatch.setenv("KALE_HOME", str(tmp_path))
+    monkeypatch.setenv("KALE_CONFIG", str(tmp_path / "kale.yaml"))
+    monkeypatch.setenv("KALE_DATABASE_URL", SECRET_URL)
+    bag = DagBag(dag_folder=str(DAG_FILE), safe_mode=False)
+    assert bag.import_errors == {}
+    return bag.dags["kale_training"]
+
+
+def mapped_pod(dag, index=1, workers=3):
+    """The pod of one mapped worker, built as the task runner does: the DAG's partial kwargs
+    plus that index's command line (what worker_args returns), rendered without a cluster."""
+    argv = SPEC.command(RUN_ID, index, workers, ASSIGNMENT)
+    op = dag.get_task("worker_pods").unmap({"arguments": argv[1:]})
+    return op, pod_manifest(op), argv
+
+
+@pytest.mark.parametrize("version", ["1.25.0", "1.37.0"])
+def test_the_dags_mapped_pod_validates_strictly(training_dag, version):
+    _, m, _ = mapped_pod(training_dag)
+    kubernetes_validate.validate(m, version, strict=True)
+
+
+def test_the_dags_mapped_pod_obeys_the_deployment(training_dag):
+    from kale_airflow.config import parse_deployment
+    from kale_airflow.operators.worker_pod import WorkerPodOperator, worker_pods_partial_kwargs
+
+    op, m, argv = mapped_pod(training_dag)
+    assert isinstance(op, WorkerPodOperator)
+    assert op.pool == "gpu_a100" and op.deferrable is True
+    assert op.schedule_timeout_seconds == 2400 and op.startup_timeout_seconds == 600
+    assert op.max_active_tis_per_dagrun == 40 and training_dag.max_active_tasks >= 40 + 2
+    c = m["spec"]["containers"][0]
+    assert [*c["command"], *c["args"]] == argv and m["metadata"]["namespace"] == "kale-training"
+    assert m["metadata"]["labels"]["app.kubernetes.io/name"] == "kale-worker"  # the autoscaler's selector
+    env = {e["name"]: e for e in c["env"]}
+    assert env["KALE_DATABASE_URL"] == {"name": "KALE_DATABASE_URL", "valueFrom": {
+        "secretKeyRef": {"name": "airflow-metadata", "key": "connection"}}}
+    # the DAG's mapped task is exactly the shared helper's kwargs
+    expected = worker_pods_partial_kwargs(parse_deployment(K8S_DEPLOYMENT))
+    assert {k: training_dag.get_task("worker_pods").partial_kwargs.get(k) for k in ("pool", "deferrable", "poll_interval",
+                                                                                    "logging_interval")} == \
+        {k: expected[k] for k in ("pool", "deferrable", "poll_interval", "logging_interval")}
+
+
+def test_no_database_url_or_password_reaches_the_pod_spec(training_dag):
+    _, m, _ = mapped_pod(training_dag)
+    text = json.dumps(m)
+    assert "s3cr3t-pw" not in text and SECRET_URL not in text
+    c = m["spec"]["containers"][0]
+    url_with_password = re.compile(r"[a-z0-9+.-]+://[^/\s:@]+:[^@\s]+@")
+    assert not any(url_with_password.search(a) for a in [*c["command"], *c["args"]])
+    assert not any(url_with_password.search(e.get("value", "")) for e in c["env"])
+    assert all("value" not in e for e in c["env"] if e["name"] == "KALE_DATABASE_URL")
+
+
+def test_the_secret_and_pod_scheduling_settings_are_config_fields():
+    m = manifest(KubernetesWorkerConfig(database_secret="kale-db", database_secret_key="dsn"))
+    env = {e["name"]: e for e in m["spec"]["containers"][0]["env"]}
+    assert env["KALE_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {"name": "kale-db", "key": "dsn"}
+    op = worker_pod_operator(KubernetesWorkerConfig(deferrable=False, pool="p", schedule_timeout_s=60,
+                                                    logging_interval_s=None), SPEC, RUN_ID, 0, 2, ASSIGNMENT)
+    assert (op.deferrable, op.pool, op.schedule_timeout_seconds, op.logging_interval) == (False, "p", 60, None)
+    for bad in ({"database_secret": "Bad_Name"}, {"database_secret_key": "a/b"}, {"pool": ""},
+                {"schedule_timeout_s": 0}, {"deferrable": "yes"}):
+        with pytest.raises(ValueError):
+            KubernetesWorkerConfig(**bad)
+
+
+def test_local_deployments_parse_without_the_gpu_pool():
+    from kale_airflow.config import parse_deployment
+    from kale_airflow.operators.worker_pod import worker_pods_partial_kwargs
+
+    assert worker_pods_partial_kwargs(parse_deployment({"stream_url": "sqlite:///x"}))["pool"] == "default_pool"

@@ -29,7 +29,7 @@ def audit_coverage(path):
     """offset -> times trained, per partition, from the audit log and slice masks."""
     seen: dict[int, dict[int, int]] = {}
     for line in open(path):
-        p, lo, hi, a, b = line.strip().split(",")
+        p, lo, hi, a, b = line.strip().split(",")[:5]
         sl = Slice(int(p), float(lo), float(hi))
         offs = np.arange(int(a), int(b))
         for o in offs[sl.mask(offs)]:
@@ -77,12 +77,34 @@ def test_checkpoint_restore_round_trip(stream, tmp_path):
 
 
 def test_superseded_generation_stops_with_a_checkpoint(stream, tmp_path):
-    control = StateStore(tmp_path / "state.db")
+    control = StateStore(tmp_path / "kale.db")
     control.set_current_generation("g2")
     w = Worker(stream, "g", [Slice(0)], tmp_path / "ck", generation="g1", control=control)
     out = w.run(report_every_s=0.0)
     assert out["steps"] == 1 and os.path.exists(out["checkpoint"])
 
+
+
+def test_the_database_url_reaches_workers_through_the_environment_never_argv(tmp_path):
+    url = "postgresql://kale:s3cret@db.kale:5432/kale"
+    spec = WorkerSpec(stream_url="sqlite:///s.db", checkpoint_dir=str(tmp_path), database_url=url)
+    cmd = spec.command("g1", 0, 1, {"assignment": {"0": [["0", 1.0]]}})
+    assert not any("s3cret" in a for a in cmd) and "--database-url" not in cmd and "s3cret" not in repr(spec)
+    assert spec.environment() == {"KALE_DATABASE_URL": url}
+    assert WorkerSpec(stream_url="sqlite:///s.db", checkpoint_dir=str(tmp_path)).environment() == {}
+
+
+def test_the_worker_command_opens_the_database_named_by_kale_database_url(stream, tmp_path, monkeypatch, caplog):
+    from kale_airflow.runtime.worker import main
+
+    url = f"sqlite:///{tmp_path / 'kale.db'}"
+    StateStore(url).set_current_generation("g2")
+    monkeypatch.setenv("KALE_DATABASE_URL", url)
+    caplog.set_level("INFO")
+    assert main(["--stream", f"sqlite:///{tmp_path / 's.db'}", "--assignment", '{"assignment": {"0": [["0", 1.0]]}}',
+                 "--worker-id", "0", "--generation", "g1", "--checkpoint-dir", str(tmp_path / "ck"),
+                 "--max-steps", "50"]) == 0
+    assert "generation g1 superseded: stopping" in caplog.text and "s3cret" not in caplog.text
 
 def wait_until(condition, what, timeout=120):
     """Poll until ``condition()`` holds (a loaded CI machine may take seconds to start torch)."""

@@ -1,144 +1,406 @@
-"""The Kafka backend's logic against an in-memory stand-in for confluent_kafka.
+"""The Kafka backend against a real Kafka-protocol broker (Tansu 0.6, see conftest.py).
 
-No broker can run here: the stand-in implements the handful of client calls the backend
-makes (produce/flush with delivery callbacks, assign/consume, commit/committed,
-watermarks, offsets_for_times) with Kafka's semantics. What is not exercised: a real
-broker, network errors, idempotent-producer retries, transactions.
+Tansu is not Apache Kafka. Differences seen here, each pinned by a strict xfail below so a
+Tansu that fixes them shows up:
+
+- ListOffsets "latest" (the high watermark of ``get_watermark_offsets`` and the
+  AdminClient's ``list_offsets``) answers the *base offset of the last record batch + 1*,
+  not the offset after the last record: after one ``append`` of 5 records (one batch) it
+  reads 1; after 5,000 records from an idempotent producer it read 1 as well. Fetch
+  responses carry the right watermark, so a stream that has read a partition reports the
+  right end (the backend takes the larger of the two, which is also correct on Kafka).
+- ListOffsets for a timestamp answers offset 0 whatever the timestamp, so ``arrivals``
+  (which Kafka serves from ``offsets_for_times``) counts everything since the start.
+- ``list_consumer_group_offsets`` without a partition list drops the connection; the
+  backend always names the partitions (which Kafka accepts too).
+- A metadata request for a missing topic creates it (4 partitions), although librdkafka
+  asks without auto-creation, so "topic not found" cannot be shown here.
+
+The tests that use end offsets or lag therefore end each partition with a one-record batch
+or check committed offsets against the known count. A stand-in client is kept only for
+what a local broker cannot show: SASL/SSL settings reaching every client.
 """
 
-import types
+from __future__ import annotations
 
+import json
+import sys
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+import psutil
 import pytest
 
+from kale_airflow.core.slices import Slice, slices_for
+from kale_airflow.runtime.samples import generate, pack
+from kale_airflow.stream import open_stream
 from kale_airflow.stream.base import StreamError
-from kale_airflow.stream.kafka import KafkaStream
+from kale_airflow.stream.kafka import CONFIG_ENV, KafkaStream
+
+pytestmark = pytest.mark.kafka
 
 
-class FakeKafka:
-    """Just enough of confluent_kafka's API, one topic, in memory."""
-
-    def __init__(self, topic, partitions):
-        self.topic = topic
-        self.logs = {p: [] for p in range(partitions)}  # (ts_ms, value)
-        self.commits = {}
-        outer = self
-
-        class TopicPartition:
-            def __init__(self, topic, partition, offset=-1001):
-                self.topic, self.partition, self.offset = topic, partition, offset
-
-        class Msg:
-            def __init__(self, p, o, ts, v):
-                self._p, self._o, self._ts, self._v = p, o, ts, v
-
-            def error(self):
-                return None
-
-            def partition(self):
-                return self._p
-
-            def offset(self):
-                return self._o
-
-            def timestamp(self):
-                return (1, self._ts)
-
-            def value(self):
-                return self._v
-
-        class Producer:
-            def __init__(self, conf):
-                self.pending = []
-
-            def produce(self, topic, value, partition, timestamp, on_delivery):
-                log = outer.logs[partition]
-                log.append((timestamp, value))
-                self.pending.append((on_delivery, Msg(partition, len(log) - 1, timestamp, value)))
-
-            def flush(self, timeout):
-                for cb, msg in self.pending:
-                    cb(None, msg)
-                self.pending = []
-
-        class Consumer:
-            def __init__(self, conf):
-                self.group = conf["group.id"]
-                assert conf["enable.auto.commit"] is False
-                self.assigned = []
-
-            def list_topics(self, topic, timeout):
-                t = types.SimpleNamespace(partitions={p: None for p in outer.logs}, error=None)
-                return types.SimpleNamespace(topics={outer.topic: t} if topic == outer.topic else {})
-
-            def assign(self, tps):
-                self.assigned = tps
-
-            def consume(self, n, timeout):
-                tp = self.assigned[0]
-                log = outer.logs[tp.partition]
-                return [Msg(tp.partition, o, *log[o]) for o in range(tp.offset, min(len(log), tp.offset + n))]
-
-            def commit(self, offsets, asynchronous):
-                assert asynchronous is False
-                for tp in offsets:
-                    outer.commits[(self.group, tp.partition)] = tp.offset
-
-            def committed(self, tps, timeout):
-                return [TopicPartition(t.topic, t.partition, outer.commits.get((self.group, t.partition), -1001))
-                        for t in tps]
-
-            def get_watermark_offsets(self, tp, timeout):
-                return 0, len(outer.logs[tp.partition])
-
-            def offsets_for_times(self, tps, timeout):
-                out = []
-                for tp in tps:
-                    log = outer.logs[tp.partition]
-                    o = next((i for i, (ts, _) in enumerate(log) if ts >= tp.offset), -1)
-                    out.append(TopicPartition(tp.topic, tp.partition, o))
-                return out
-
-        self.TopicPartition, self.Producer, self.Consumer = TopicPartition, Producer, Consumer
+def audit_coverage(path):
+    """offset -> times trained, per partition, from the audit log and slice masks."""
+    seen: dict[int, dict[int, int]] = {}
+    for line in Path(path).read_text().splitlines():
+        p, lo, hi, a, b = line.strip().split(",")[:5]
+        sl = Slice(int(p), float(lo), float(hi))
+        offs = np.arange(int(a), int(b))
+        for o in offs[sl.mask(offs)]:
+            seen.setdefault(int(p), {}).setdefault(int(o), 0)
+            seen[int(p)][int(o)] += 1
+    return seen
 
 
-@pytest.fixture
-def kafka():
-    fake = FakeKafka("samples", 3)
-    return KafkaStream("broker:9092", "samples", client=fake), fake
+def fill(stream, partitions, per_partition, chunk=1000, seed=0):
+    """Append reference samples; each partition ends with a one-record batch (see the module doc)."""
+    for p in partitions:
+        left, i = per_partition, 0
+        while left > 1:
+            n = min(chunk, left - 1)
+            stream.append(p, pack(generate(n, seed + 100 * p + i)))
+            left, i = left - n, i + 1
+        stream.append(p, pack(generate(1, seed + 100 * p + 99)))
 
 
-def test_produce_read_commit_lag_arrivals(kafka):
-    s, _ = kafka
+# --------------------------------------------------------------- the protocol
+def test_produce_read_commit_lag_on_a_real_broker(kafka_topic):
+    broker, topic = kafka_topic
+    s = KafkaStream.from_url(broker.url(topic))
     assert s.partitions() == [0, 1, 2]
     assert s.append(1, [b"a", b"b"], ts=100.0) == 0
     assert s.append(1, [b"c"], ts=200.0) == 2
-    assert [r.payload for r in s.read(1, 1, 10)] == [b"b", b"c"]
-    assert s.read(1, 1, 10)[0].ts == 100.0
-    assert s.committed("g", 1) == 0
-    assert s.lag("g") == {0: 0, 1: 3, 2: 0}
+    recs = s.read(1, 1, 10)
+    assert [r.payload for r in recs] == [b"b", b"c"] and [r.offset for r in recs] == [1, 2]
+    assert recs[0].ts == 100.0 and recs[1].ts == 200.0
+    assert s.read(1, 3, 10) == [] and s.read(0, 0, 10) == []  # the end of a partition, fast
+    other = KafkaStream.from_url(broker.url(topic))  # another process: nothing fetched, nothing cached
+    assert other.committed("g", 1) == 0
+    assert other.end_offsets() == {0: 0, 1: 3, 2: 0}
+    assert other.lag("g") == {0: 0, 1: 3, 2: 0}
     s.commit("g", {1: 2})
-    assert s.committed("g", 1) == 2 and s.lag("g")[1] == 1
+    assert s.committed("g", 1) == 2  # confirms the commit first (read-your-writes)
+    assert other.committed("g", 1) == 2 and other.lag("g") == {0: 0, 1: 1, 2: 0}
+    s.commit_many({"g": {1: 3}, "h": {0: 0, 1: 1}})
+    assert other.committed("g", 1) == 3 and other.committed("h", 1) == 1 and other.lag("h")[1] == 2
+    s.close()
+
+
+def test_commits_are_confirmed_before_the_next_read_and_at_exit(kafka_topic, tmp_path):
+    broker, topic = kafka_topic
+    s = KafkaStream.from_url(broker.url(topic))
+    s.append(0, [b"x"])
+    s.commit("g", {0: 1})
+    assert s._pending  # sent, not yet awaited
+    s.read(0, 0, 1)
+    assert not s._pending
+    # A process that commits and exits without close(): the commit still lands.
+    code = (f"from kale_airflow.stream.kafka import KafkaStream\n"
+            f"s = KafkaStream.from_url({broker.url(topic)!r})\ns.commit('exit', {{0: 1}})\n")
+    import subprocess
+
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    assert s.committed("exit", 0) == 1
+
+
+def test_slices_of_one_partition_share_one_assignment_and_one_fetch(kafka_broker):
+    """The worker's read pattern (two interleaved slices of one partition, each asking from its
+    own position every step) assigns the partition once and never seeks."""
+    import confluent_kafka
+    import confluent_kafka.admin
+
+    calls = {"assign": 0, "incremental_assign": 0, "seek": 0, "consumers": 0}
+
+    class Spy:
+        def __init__(self, real):
+            self._real = real
+
+        def __getattr__(self, name):
+            attr = getattr(self._real, name)
+            if name in calls:
+                def counted(*a, **k):
+                    calls[name] += 1
+                    return attr(*a, **k)
+                return counted
+            return attr
+
+    def consumer(conf):
+        calls["consumers"] += 1
+        return Spy(confluent_kafka.Consumer(conf))
+
+    client = types.SimpleNamespace(Consumer=consumer, Producer=confluent_kafka.Producer,
+                                   TopicPartition=confluent_kafka.TopicPartition, KafkaError=confluent_kafka.KafkaError,
+                                   admin=confluent_kafka.admin)
+    topic = kafka_broker.create_topic(2)
+    s = KafkaStream(kafka_broker.bootstrap, topic, client=client)
+    fill(s, [0, 1], 20_000, chunk=5000)
+    slices = [Slice(0, 0.0, 0.5), Slice(0, 0.5, 1.0), Slice(1)]
+    pos = {sl: 0 for sl in slices}
+    seen = {sl: [] for sl in slices}
+    t0 = time.perf_counter()
+    while True:
+        progressed = False
+        for sl in slices:
+            recs = s.read(sl.partition, pos[sl], 600)
+            if recs:
+                offs = np.array([r.offset for r in recs])
+                assert (offs == np.arange(pos[sl], pos[sl] + len(recs))).all()
+                seen[sl].extend(offs[sl.mask(offs)].tolist())
+                pos[sl] = int(offs[-1]) + 1
+                progressed = True
+        if not progressed:
+            break
+    elapsed = time.perf_counter() - t0
+    assert sorted(seen[slices[0]] + seen[slices[1]]) == list(range(20_000))
+    assert seen[slices[2]] == list(range(20_000))
+    assert calls == {"assign": 0, "incremental_assign": 2, "seek": 0, "consumers": 1}
+    assert s.stats["assigns"] == 2 and s.stats["seeks"] == 0
+    # Reading back from the start is a seek, not a re-assignment.
+    assert s.read(0, 0, 5)[0].offset == 0 and calls["seek"] == 1 and calls["incremental_assign"] == 2
+    print(f"60,000 records through 3 slice readers in {elapsed:.2f} s")
+
+
+@pytest.mark.xfail(strict=True, reason="Tansu 0.6: ListOffsets latest = base offset of the last batch + 1")
+def test_tansu_high_watermark_of_a_multi_record_batch(kafka_topic):
+    broker, topic = kafka_topic
+    KafkaStream.from_url(broker.url(topic)).append(0, [b"x"] * 5)
+    assert KafkaStream.from_url(broker.url(topic)).end_offsets()[0] == 5
+
+
+def test_a_stream_that_read_a_partition_knows_its_true_end(kafka_topic):
+    broker, topic = kafka_topic
+    s = KafkaStream.from_url(broker.url(topic))
+    s.append(0, [b"x"] * 5)
+    assert len(s.read(0, 0, 10)) == 5
+    assert s.end_offsets()[0] == 5 and s.lag("g")[0] == 5
+
+
+@pytest.mark.xfail(strict=True, reason="Tansu 0.6: ListOffsets for a timestamp always answers offset 0")
+def test_arrivals_between_two_times(kafka_topic):
+    broker, topic = kafka_topic
+    s = KafkaStream.from_url(broker.url(topic))
+    s.append(1, [b"a"], ts=100.0)
+    s.append(1, [b"b"], ts=120.0)
+    s.append(1, [b"c"], ts=200.0)
     assert s.arrivals(150.0) == {0: 0, 1: 1, 2: 0}
-    assert s.arrivals(50.0, 150.0)[1] == 2
+    assert s.arrivals(50.0, 150.0) == {0: 0, 1: 2, 2: 0}
 
 
-def test_urls_and_missing_topic_give_clear_errors(kafka):
-    assert KafkaStream.from_url.__doc__
+def test_arrivals_arithmetic_on_kafka_semantics():
+    """What Kafka answers for a timestamp (the first offset at or after it, -1 past the end),
+    and how arrivals are counted from it (a stand-in: Tansu cannot show it, see above)."""
+    logs = {0: [], 1: [100_000, 120_000, 200_000], 2: []}  # record timestamps (ms) per partition
+
+    class Admin:
+        def __init__(self, conf):
+            pass
+
+        def list_topics(self, topic, timeout):
+            t = types.SimpleNamespace(partitions=dict.fromkeys(logs), error=None)
+            return types.SimpleNamespace(topics={topic: t})
+
+        def list_offsets(self, specs, request_timeout):
+            out = {}
+            for tp, spec in specs.items():
+                ts = logs[tp.partition]
+                if spec.kind == "latest":
+                    o = len(ts)
+                else:
+                    o = next((i for i, t in enumerate(ts) if t >= spec.ts), -1)
+                out[tp] = _done(types.SimpleNamespace(offset=o))
+            return out
+
+    import confluent_kafka
+
+    spec = types.SimpleNamespace(latest=lambda: types.SimpleNamespace(kind="latest"),
+                                 for_timestamp=lambda ts: types.SimpleNamespace(kind="ts", ts=ts))
+    client = types.SimpleNamespace(TopicPartition=confluent_kafka.TopicPartition,
+                                   admin=types.SimpleNamespace(AdminClient=Admin))
+    s = KafkaStream("b:9092", "t", client=client)
+    import confluent_kafka.admin as real_admin
+
+    orig = real_admin.OffsetSpec
+    real_admin.OffsetSpec = spec
+    try:
+        assert s.arrivals(150.0) == {0: 0, 1: 1, 2: 0}
+        assert s.arrivals(50.0, 150.0) == {0: 0, 1: 2, 2: 0}
+        assert s.arrivals(300.0) == {0: 0, 1: 0, 2: 0}
+    finally:
+        real_admin.OffsetSpec = orig
+
+
+def _done(value):
+    import concurrent.futures
+
+    f = concurrent.futures.Future()
+    f.set_result(value)
+    return f
+
+
+@pytest.mark.xfail(strict=True, reason="Tansu 0.6 creates a topic (4 partitions) on any metadata request")
+def test_a_missing_topic_gives_a_clear_error(kafka_broker):
+    with pytest.raises(StreamError, match="topic 'nope' not found"):
+        KafkaStream(kafka_broker.bootstrap, "nope").partitions()
+
+
+def test_bad_urls_give_clear_errors():
     with pytest.raises(StreamError, match="bad Kafka URL"):
         KafkaStream.from_url("kafka://broker:9092/")
-    fake = FakeKafka("other", 1)
-    with pytest.raises(StreamError, match="topic 'samples' not found"):
-        KafkaStream("b:9092", "samples", client=fake).partitions()
+    with pytest.raises(StreamError, match="credentials do not belong") as err:
+        open_stream("kafka://alice:s3cret-pw@broker:9092/samples")
+    assert "s3cret-pw" not in str(err.value)
 
 
-def test_the_reference_worker_trains_from_kafka(kafka, tmp_path):
-    from kale_airflow.core.slices import Slice
-    from kale_airflow.runtime.samples import generate, pack
+# --------------------------------------------------------- connection settings
+def test_an_airflow_connection_and_the_environment_configure_the_clients(monkeypatch):
+    """SASL/SSL settings from a Connection (and KALE_KAFKA_CONFIG) reach every client, and no
+    secret shows in a repr or an error (a stand-in records the client settings)."""
+    import confluent_kafka
+
+    made = []
+
+    def factory(kind):
+        def make(conf):
+            made.append((kind, conf))
+            raise confluent_kafka.KafkaException(confluent_kafka.KafkaError(confluent_kafka.KafkaError._INVALID_ARG,
+                                                                            "No such configuration property"))
+        return make
+
+    client = types.SimpleNamespace(Producer=factory("producer"), Consumer=factory("consumer"),
+                                   admin=types.SimpleNamespace(AdminClient=factory("admin")),
+                                   TopicPartition=confluent_kafka.TopicPartition)
+    monkeypatch.setenv("AIRFLOW_CONN_KALE_KAFKA", json.dumps({
+        "conn_type": "kafka", "host": "b1.example:9093,b2.example:9093", "login": "alice",
+        "password": "s3cret-pw", "extra": {"ssl.ca.location": "/etc/ca.pem", "sasl.mechanism": "SCRAM-SHA-512"}}))
+    monkeypatch.setenv(CONFIG_ENV, json.dumps({"client.id": "kale", "producer.linger.ms": 20}))
+    s = KafkaStream.from_url("airflow-conn://kale_kafka/samples", client=client)
+    assert s.bootstrap == "b1.example:9093,b2.example:9093" and s.topic == "samples"
+    assert "s3cret-pw" not in repr(s) and "'sasl.password': '***'" in repr(s)
+    for call in (lambda: s.append(0, [b"x"]), lambda: s.read(0, 0, 1), s.partitions):
+        with pytest.raises(StreamError) as err:
+            call()
+        assert "s3cret-pw" not in str(err.value)
+    kinds = {kind: conf for kind, conf in made}
+    assert set(kinds) == {"producer", "consumer", "admin"}
+    for conf in kinds.values():
+        assert conf | {"bootstrap.servers": "b1.example:9093,b2.example:9093", "security.protocol": "SASL_SSL",
+                       "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "alice", "sasl.password": "s3cret-pw",
+                       "ssl.ca.location": "/etc/ca.pem", "client.id": "kale"} == conf
+    assert kinds["producer"]["linger.ms"] == 20 and "linger.ms" not in kinds["consumer"]
+    assert kinds["consumer"]["enable.auto.commit"] is False
+
+
+def test_bad_settings_never_echo_secrets(monkeypatch):
+    monkeypatch.setenv(CONFIG_ENV, '{"sasl.password": "s3cret-pw",')
+    with pytest.raises(StreamError, match="not valid JSON") as err:
+        KafkaStream.from_url("kafka://b:9092/t")
+    assert "s3cret-pw" not in str(err.value)
+    monkeypatch.delenv(CONFIG_ENV)
+    monkeypatch.setenv("AIRFLOW_CONN_NOT_KAFKA", json.dumps({"conn_type": "postgres", "host": "db"}))
+    with pytest.raises(StreamError, match="type 'postgres'"):
+        KafkaStream.from_url("airflow-conn://not_kafka/t")
+    with pytest.raises(StreamError, match="'missing' cannot be read"):
+        KafkaStream.from_url("airflow-conn://missing/t")
+
+
+def test_an_airflow_connection_reaches_the_real_broker(kafka_topic, monkeypatch):
+    broker, topic = kafka_topic
+    host, port = broker.bootstrap.split(":")
+    monkeypatch.setenv("AIRFLOW_CONN_KALE_KAFKA", json.dumps({"conn_type": "kafka", "host": host, "port": int(port),
+                                                              "extra": {"client.id": "kale-test"}}))
+    s = open_stream(f"airflow-conn://kale_kafka/{topic}")
+    s.append(2, [b"hello"])
+    assert [r.payload for r in s.read(2, 0, 5)] == [b"hello"]
+
+
+# ------------------------------------------------------------- the worker loop
+def test_the_reference_worker_trains_every_offset_once_from_kafka(kafka_topic, tmp_path):
     from kale_airflow.runtime.worker import Worker
 
-    s, _ = kafka
-    s.append(0, pack(generate(700, 1)))
-    w = Worker(s, "kale", [Slice(0)], tmp_path / "ck", batch_size=256)
-    out = w.run(exit_when_idle=True)
-    assert out["trained"] == 700
-    assert s.lag("kale/p0:0.000000-1.000000")[0] == 0
+    broker, topic = kafka_topic
+    s = KafkaStream.from_url(broker.url(topic))
+    fill(s, range(3), 4000)
+    audit = tmp_path / "audit.log"
+    slices = [Slice(0), Slice(1, 0.0, 0.5), Slice(1, 0.5, 1.0), Slice(2)]
+    out = Worker(s, "kale", slices, tmp_path / "ck", batch_size=256, audit=audit).run(exit_when_idle=True)
+    assert out["trained"] == 12_000 and out["malformed"] == 0
+    seen = audit_coverage(audit)
+    for p in range(3):
+        assert set(seen[p]) == set(range(4000)) and max(seen[p].values()) == 1
+    other = KafkaStream.from_url(broker.url(topic))
+    for sl in slices:
+        assert other.committed(f"kale/{sl.group_suffix}", sl.partition) == 4000
+    assert other.lag("kale/p0:0.000000-1.000000") == {0: 0, 1: 4000, 2: 4000}
+    assert s.stats["seeks"] == 0 and s.stats["assigns"] == 3
+
+
+def test_a_generation_change_hands_offsets_over_with_no_gap(kafka_topic, tmp_path):
+    from kale_airflow.control.generations import handover
+    from kale_airflow.runtime.worker import Worker
+
+    broker, topic = kafka_topic
+    s = KafkaStream.from_url(broker.url(topic))
+    fill(s, range(3), 4000)
+    old = {"assignment": {"0": [["0", 1.0]], "1": [["1", 1.0], ["2", 1.0]]}}
+    for w in (0, 1):
+        Worker(s, "g", slices_for(old, w), tmp_path / "ck", worker_id=w).run(max_steps=3)
+    reached = {p: s.committed(f"g/p{p}:0.000000-1.000000", p) for p in range(3)}
+    assert all(0 < v < 4000 for v in reached.values())
+    new = {"assignment": {"0": [["0", 0.5]], "1": [["0", 0.5], ["1", 1.0]], "2": [["2", 1.0]]}}
+    starts = handover(s, "g", old, new)
+    assert starts == {"g/p0:0.000000-0.500000": reached[0], "g/p0:0.500000-1.000000": reached[0]}
+    audit = tmp_path / "audit.log"
+    for w in (0, 1, 2):  # each worker of the new generation is its own process: its own stream
+        Worker(KafkaStream.from_url(broker.url(topic)), "g", slices_for(new, w), tmp_path / "ck2", worker_id=w,
+               audit=audit).run(exit_when_idle=True)
+    seen = audit_coverage(audit)
+    for p in range(3):
+        assert set(seen[p]) == set(range(reached[p], 4000)) and max(seen[p].values()) == 1
+    assert handover(s, "g", new, old) == {"g/p0:0.000000-1.000000": 4000}
+    assert handover(s, "g", new, old) == {}
+
+
+def _wait_until(condition, what, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{what} within {timeout}s")
+
+
+@pytest.mark.slow
+def test_kill_9_mid_step_on_kafka_loses_no_sample_and_duplicates_at_most_one_batch(kafka_broker, tmp_path):
+    from kale_airflow.runtime.backends import LocalWorkers, WorkerSpec
+
+    topic = kafka_broker.create_topic(2)
+    s = KafkaStream.from_url(kafka_broker.url(topic))
+    fill(s, range(2), 30_000)
+    audit = tmp_path / "audit.log"
+    doc = {"assignment": {"0": [["0", 1.0], ["1", 0.5]], "1": [["1", 0.5]]}}
+    spec = WorkerSpec(stream_url=kafka_broker.url(topic), checkpoint_dir=str(tmp_path / "ck"), batch_size=200,
+                      extra_args=["--audit", str(audit), "--checkpoint-every", "5", "--step-time", "0.05"])
+    workers = LocalWorkers(spec, tmp_path / "logs")
+    workers.start("g1", doc)
+    groups = [(f"kale/{sl.group_suffix}", sl.partition) for w in (0, 1) for sl in slices_for(doc, w)]
+    # ListOffsets is unreliable on Tansu (module doc): progress is checked on committed offsets.
+    try:
+        _wait_until(lambda: all(s.committed(g, p) > 0 for g, p in groups), "the workers did not start training")
+        for sup in workers.procs.values():
+            for child in psutil.Process(sup.pid).children():
+                child.kill()  # SIGKILL mid-step
+        assert any(s.committed(g, p) < 30_000 for g, p in groups), "the workers finished before the kill"
+        _wait_until(lambda: all(s.committed(g, p) == 30_000 for g, p in groups),
+                    "the restarted workers did not drain the stream", timeout=180)
+    finally:
+        workers.stop()
+    for w in (0, 1):
+        assert "ended with signal SIGKILL; restart 1/3" in (tmp_path / "logs" / f"g1-worker-{w}.log").read_text()
+    seen = audit_coverage(audit)
+    for p in range(2):
+        trained = seen.get(p, {})
+        assert set(trained) == set(range(30_000)), f"partition {p}: samples lost"
+        assert sum(c - 1 for c in trained.values()) <= 2 * 2 * 200  # one batch per slice, 2 slices at most

@@ -52,7 +52,7 @@ def serve(airflow_home, env_extra):
 
 @pytest.fixture
 def recorded(airflow_home):
-    store = StateStore(airflow_home.kale_home / "state.db")
+    store = StateStore(airflow_home.kale_home / "kale.db")
     store.record_decision(time.time() - 30, 2, {"workers": 5, "reason": "scale_up_forecast",
                                                 "message": "forecast needs 5 workers within 60 min",
                                                 "arrival_rate": 900.0, "forecast_upper": 1200.0, "need": 5})

@@ -16,7 +16,7 @@ from kale_airflow.ui.plugin import KalePlugin
 def history(tmp_path, monkeypatch):
     monkeypatch.setenv("KALE_HOME", str(tmp_path))
     monkeypatch.setenv("KALE_MLFLOW_URI", f"sqlite:///{tmp_path}/mlflow.db")
-    store = StateStore(tmp_path / "state.db")
+    store = StateStore(tmp_path / "kale.db")
     now = time.time()
     for i, (w, t, reason) in enumerate([(2, 2, "hold"), (2, 5, "scale_up_forecast"), (5, 5, "hold"),
                                         (5, 3, "scale_down_forecast")]):
@@ -27,9 +27,16 @@ def history(tmp_path, monkeypatch):
     return store
 
 
-@pytest.mark.parametrize("path", ["/", "/api/state", "/plot.png"])
-def test_anonymous_requests_are_refused(history, path):
-    assert TestClient(app).get(path).status_code == 401
+def test_every_route_refuses_anonymous_requests(history):
+    paths = sorted(r.path for r in app.routes)
+    assert paths == ["/", "/api/state", "/plot.png"]  # a new route must be added here, and is then checked
+    client = TestClient(app)
+    assert {p: client.get(p).status_code for p in paths} == {p: 401 for p in paths}
+
+
+@pytest.mark.parametrize("path", ["/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"])
+def test_documentation_routes_are_off(history, path):
+    assert TestClient(app).get(path).status_code == 404
 
 
 REAL_SERVER = r"""
@@ -58,7 +65,7 @@ def test_served_by_the_real_airflow_api_server_with_its_auth(airflow_home, tmp_p
     import sys
 
     env = airflow_home.env | {"KALE_HOME": str(tmp_path / "kale")}
-    StateStore(tmp_path / "kale" / "state.db").record_decision(time.time(), 2, {
+    StateStore(tmp_path / "kale" / "kale.db").record_decision(time.time(), 2, {
         "workers": 4, "reason": "scale_up_forecast", "message": "traffic doubles within the hour"})
     out = subprocess.run([sys.executable, "-c", REAL_SERVER], env=env, capture_output=True, text=True, timeout=300)
     line = next((l for l in out.stdout.splitlines() if l.startswith("KALE_UI")), None)

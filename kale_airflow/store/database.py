@@ -1,0 +1,201 @@
+"""The control-plane database, opened by URL: ``sqlite:///PATH`` (embedded default) or
+``postgresql://user:password@host/db`` (production, through the psycopg 3 driver).
+
+:func:`open_database` returns one :class:`Database` per URL and process: the engine
+(``pool_pre_ping``) with the schema created and its version checked on first open.
+SQLite connections run in WAL mode with a busy timeout, so local workers, Airflow task
+processes and the API server can all write the same file.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import Connection, Engine, create_engine, event, exc, insert, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import URL, make_url
+
+from kale_airflow.core.errors import KaleError
+from kale_airflow.store import schema
+
+BUSY_TIMEOUT_MS = 30_000
+CONNECT_TIMEOUT_S = 10
+# pg_advisory_xact_lock key ("kale" in ASCII): serializes schema creation and seeding across processes.
+ADVISORY_LOCK = 0x6B616C65
+
+
+class DatabaseError(KaleError, RuntimeError):
+    """The control-plane database cannot be used; the message names it and what to check."""
+
+
+class DatabaseUnavailable(DatabaseError):
+    """The database cannot be reached (server down, wrong host, credentials or path)."""
+
+
+class SchemaVersionError(DatabaseError):
+    """The database was written by another version of kale-airflow's schema."""
+
+
+def normalize_url(url: str | Path) -> URL:
+    """The SQLAlchemy URL for a user's database URL (``postgresql://`` uses psycopg 3)."""
+    text = str(url)
+    if "://" not in text:  # a bare path: the embedded SQLite file
+        text = f"sqlite:///{Path(text).expanduser().resolve()}"
+    try:
+        parsed = make_url(text)
+    except exc.ArgumentError as e:
+        raise DatabaseError(f"cannot parse the database URL {text!r}: expected sqlite:///PATH or "
+                            "postgresql://USER:PASSWORD@HOST:PORT/DATABASE (KALE_DATABASE_URL)") from e
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+        raise DatabaseError(f"unsupported database {masked(parsed)}: use sqlite:///PATH or postgresql://...")
+    return parsed
+
+
+def masked(url: str | URL) -> str:
+    """The URL as it may be logged: the password replaced by ``***``."""
+    try:
+        return (url if isinstance(url, URL) else make_url(str(url))).render_as_string(hide_password=True)
+    except exc.ArgumentError:
+        return "<unparseable database URL>"
+
+
+class Database:
+    """One engine over the control-plane database, with the dialect's upsert and a cross-process lock."""
+
+    def __init__(self, url: str | Path):
+        self.url = normalize_url(url)
+        self.dialect = self.url.get_backend_name()
+        self.engine = self._engine()
+        self._create_schema()
+
+    def __repr__(self) -> str:
+        return f"Database({masked(self.url)!r})"
+
+    def _engine(self) -> Engine:
+        if self.dialect == "sqlite":
+            db = self.url.database
+            if db and db != ":memory:":
+                try:
+                    Path(db).parent.mkdir(parents=True, exist_ok=True)
+                except OSError as e:
+                    raise self._unavailable(e) from e
+            engine = create_engine(self.url, pool_pre_ping=True)
+
+            @event.listens_for(engine, "connect")
+            def _sqlite_connect(dbapi_conn, _record):
+                # Hand transaction control to SQLAlchemy (the "begin" hook below), so DDL is
+                # transactional and a locked transaction can ask for the write lock up front.
+                dbapi_conn.isolation_level = None
+                cur = dbapi_conn.cursor()
+                cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")  # wait for other writers, don't fail
+                cur.execute("PRAGMA journal_mode = WAL")  # readers never block the writer, nor it them
+                cur.close()
+
+            @event.listens_for(engine, "begin")
+            def _sqlite_begin(conn):
+                conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("kale_lock") else "BEGIN")
+
+            return engine
+        return create_engine(self.url, pool_pre_ping=True, connect_args={"connect_timeout": CONNECT_TIMEOUT_S})
+
+    def _unavailable(self, e: Exception) -> DatabaseUnavailable:
+        reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
+        if self.url.password:  # drivers rarely echo it, but never let it reach a log
+            reason = reason.replace(str(self.url.password), "***")
+        where = ("that the file's folder exists and is writable" if self.dialect == "sqlite" else
+                 "that the server is running and reachable, the host, port, user, password and database name")
+        return DatabaseUnavailable(f"cannot reach the control-plane database {masked(self.url)}: {reason}; "
+                                   f"check {where} (KALE_DATABASE_URL)")
+
+    @contextmanager
+    def connect(self) -> Iterator[Connection]:
+        """A connection for reads (its transaction is rolled back on exit)."""
+        try:
+            conn = self.engine.connect()
+        except exc.OperationalError as e:
+            raise self._unavailable(e) from e
+        with conn:
+            yield conn
+
+    @contextmanager
+    def begin(self) -> Iterator[Connection]:
+        """A transaction, committed on success."""
+        with self.connect() as conn, conn.begin():
+            yield conn
+
+    @contextmanager
+    def locked(self) -> Iterator[Connection]:
+        """A transaction that holds a database-wide lock, for check-then-write sequences
+        (schema creation, seeding) that several processes may run at once."""
+        with self.connect() as conn:
+            conn = conn.execution_options(kale_lock=True)
+            with conn.begin():
+                if self.dialect == "postgresql":
+                    conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK})")
+                yield conn
+
+    def insert(self, table):
+        """The dialect's INSERT, which has ``on_conflict_do_update``/``on_conflict_do_nothing``."""
+        return (postgresql.insert if self.dialect == "postgresql" else sqlite.insert)(table)
+
+    def _create_schema(self) -> None:
+        with self.locked() as c:
+            schema.metadata.create_all(c)  # checkfirst: existing tables are kept
+            found = c.execute(select(schema.schema_version.c.version)).scalars().all()
+            if not found:
+                c.execute(insert(schema.schema_version).values(version=schema.SCHEMA_VERSION))
+        if found and found != [schema.SCHEMA_VERSION]:
+            raise SchemaVersionError(
+                f"the control-plane database {masked(self.url)} has schema version "
+                f"{', '.join(map(str, found))}, this kale-airflow expects {schema.SCHEMA_VERSION}; "
+                "upgrade kale-airflow (or point KALE_DATABASE_URL at a new database) rather than sharing it "
+                "between versions")
+
+    def dispose(self) -> None:
+        """Close the pooled connections."""
+        self.engine.dispose()
+
+
+_cache: dict[tuple[str, int], Database] = {}
+_cache_lock = threading.Lock()
+
+
+def open_database(url: str | Path) -> Database:
+    """The process's :class:`Database` for ``url`` (created, schema checked, on first call).
+
+    Keyed by process id too, and emptied in forked children (Airflow's executors fork): a
+    child never reuses its parent's pooled connections."""
+    key = (normalize_url(url).render_as_string(hide_password=False), os.getpid())
+    with _cache_lock:
+        db = _cache.get(key)
+        if db is None:
+            db = _cache[key] = Database(url)
+        return db
+
+
+def _after_fork_in_child() -> None:
+    # A forked child must neither use nor close its parent's pooled connections (closing a
+    # PostgreSQL connection it shares would end the parent's session): drop them unclosed.
+    # The lock is replaced too: another thread may have held it at the fork.
+    global _cache_lock
+    _cache_lock = threading.Lock()
+    for db in _cache.values():
+        db.engine.dispose(close=False)
+    _cache.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def forget_databases() -> None:
+    """Dispose of every cached engine (tests; after a schema change made behind our back)."""
+    with _cache_lock:
+        for db in _cache.values():
+            db.dispose()
+        _cache.clear()
