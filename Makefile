@@ -1,18 +1,19 @@
-# Two commands: `make demo` and `make test`. Both create .venv if missing.
+# Two commands: `make demo` and `make test`. Both create .venv if missing and install
+# every extra (`.[all,test]`: forecasters, the torch worker, Kafka, PostgreSQL, Prometheus).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 OUT ?= out
 
-.PHONY: demo simulate test bench install clean
+.PHONY: demo simulate test bench mutation install clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[all,test]'
 	touch $(STAMP)
 
 # The main job: the whole Airflow loop on the embedded default (about 12 minutes).
@@ -25,6 +26,10 @@ simulate: $(STAMP)
 
 bench: $(STAMP)
 	for b in engine forecasting rebalance runtime autoscaler; do $(BIN)/python benchmarks/$$b.py || exit 1; done
+
+# Mutation testing of the critical modules (about 20 minutes): benchmarks/results/mutation.json.
+mutation: $(STAMP)
+	$(BIN)/python benchmarks/mutation.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

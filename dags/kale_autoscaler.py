@@ -8,6 +8,7 @@ from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOpe
 from airflow.sdk import Param, dag, task
 
 from kale_airflow.config.schedules import schedule_from
+from kale_airflow.operators.failures import kale_default_args
 from kale_airflow.operators.scale import ScaleWorkersOperator
 from kale_airflow.sensors.scaling import ScalingSensor
 
@@ -25,8 +26,17 @@ DOC = """
    workers checkpoint and exit) and names the new one; idempotent.
 3. **start_generation**: triggers `kale_training` with `{workers, generation}`.
 
-Schedule: Airflow Variable `kale_autoscaler_schedule` (default `@continuous`, one run at
-a time; the policy's state carries over between runs).
+**Shadow mode** (`shadow: true` in the deployment file, or the `shadow` param of a run):
+decisions are recorded with `applied: false` next to the worker count that actually ran
+(pods, heartbeats or throughput observations) and `scale_workers` starts nothing; compare
+on the Kale page or with `kale status`.
+
+Retries: 2 (30 s apart) for transient faults; a broken deployment file fails at once.
+Failures and an SLO at risk for `alerts.slo_risk_minutes` reach the configured notifier.
+
+Schedule: `AIRFLOW_VAR_KALE_AUTOSCALER_SCHEDULE` (or `KALE_AUTOSCALER_SCHEDULE`) in the
+DAG processor's environment, read at parse time without a metadata-DB lookup (default
+`@continuous`, one run at a time; the policy's state carries over between runs).
 """
 
 
@@ -38,16 +48,20 @@ a time; the policy's state carries over between runs).
     max_active_runs=1,
     tags=["kale"],
     doc_md=DOC,
+    default_args=kale_default_args(retries=2, retry_delay_s=30),
     params={
         "poll_interval_s": Param(15, type="number", minimum=1, description="seconds between observations"),
         "max_polls": Param(240, type="integer", minimum=1, description="observations per run before a hold"),
+        "shadow": Param(None, type=["null", "boolean"],
+                        description="decide and record only, never apply (empty: the deployment's `shadow`)"),
     },
 )
 def kale_autoscaler():
     wait = ScalingSensor(task_id="wait_for_decision", poll_interval_s="{{ params.poll_interval_s }}",
-                         max_polls="{{ params.max_polls }}", doc_md="Deferred until Kale decides a rescale is due.")
-    applied = ScaleWorkersOperator(task_id="scale_workers", decision=wait.output,
-                                   doc_md="Supersede the running generation; name the new one.")
+                         max_polls="{{ params.max_polls }}", shadow="{{ params.shadow }}",
+                         doc_md="Deferred until Kale decides a rescale is due.")
+    applied = ScaleWorkersOperator(task_id="scale_workers", decision=wait.output, shadow="{{ params.shadow }}",
+                                   doc_md="Supersede the running generation; name the new one (shadow: nothing).")
 
     @task.short_circuit(doc_md="Skip the trigger when nothing was applied.")
     def changed(result: dict) -> bool:

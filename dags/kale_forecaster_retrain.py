@@ -18,6 +18,12 @@ on all but the last `test_days`, backtests it **and the current champion** on th
 (rolling origins, past data only), logs the run to MLflow and registers a new version of
 `kale-traffic-forecaster` with alias `challenger`.
 
+The default forecaster, `auto`, is a roster: the seasonal baseline, MSTL, NeuralProphet and
+two ensembles are backtested on the last days of the training history (before the test
+window); the winner is what gets registered. The run logs `selected` (param and the
+version tag `kale.selected`) and every candidate's scores (`candidate.<name>.mase`,
+`.smape`, `.mae`), which also appear in the version's description.
+
 With `auto_promote` on, a challenger with a lower MASE becomes `champion`; otherwise it is
 tagged `kale.review=pending` with the comparison in its description: review it in the
 MLflow UI and move the `champion` alias to promote it.
@@ -35,10 +41,15 @@ Schedule: Airflow Variable `kale_forecaster_retrain_schedule` (default `@daily`)
     tags=["kale", "mlflow"],
     doc_md=DOC,
     params={
-        "history_days": Param(14, type="number", minimum=2, description="days of traffic history to train on"),
-        "horizon_minutes": Param(60, type="number", minimum=1, description="how far ahead the forecast is judged"),
-        "test_days": Param(1, type="number", minimum=0.1, description="most recent days held out for the backtest"),
-        "forecaster": Param("neuralprophet", type="string", enum=["neuralprophet", "seasonal"]),
+        "history_days": Param(14, type="number", exclusiveMinimum=0,
+                              description="days of traffic history to train on (at least twice test_days)"),
+        "horizon_minutes": Param(60, type="number", exclusiveMinimum=0,
+                                 description="how far ahead the forecast is judged (at least one data step)"),
+        "test_days": Param(1, type="number", exclusiveMinimum=0,
+                           description="most recent days held out for the backtest"),
+        "forecaster": Param("auto", type="string", enum=["auto", "mstl", "neuralprophet", "seasonal"],
+                            description="auto: backtest the roster (seasonal, MSTL, NeuralProphet, ensembles) on "
+                                        "the last days before the test window and keep the winner"),
         "forecaster_options": Param({}, type="object",
                                     description="constructor options of the forecaster, e.g. {\"epochs\": 20}; "
                                                 "logged as option.* params"),

@@ -7,6 +7,7 @@ from datetime import datetime
 from airflow.sdk import Param, dag, get_current_context, task
 
 from kale_airflow.config.schedules import schedule_from
+from kale_airflow.operators.failures import kale_default_args, no_retry_on_permanent_errors
 
 DOC = """
 ### Kale: refit the throughput model
@@ -17,7 +18,11 @@ model on all but the newest `holdout_fraction`, scores it and the champion on th
 registers `kale-throughput-model` with alias `challenger`, then promotes or holds it
 for review exactly like the forecaster.
 
-Schedule: Airflow Variable `kale_throughput_refit_schedule` (default `@hourly`).
+A challenger held for review and a task that fails for good (2 retries, 5 min apart with
+backoff; a broken deployment file is not retried) reach the configured alert notifier.
+
+Schedule: `AIRFLOW_VAR_KALE_THROUGHPUT_REFIT_SCHEDULE` (or `KALE_THROUGHPUT_REFIT_SCHEDULE`)
+in the DAG processor's environment, read without a metadata-DB lookup (default `@hourly`).
 """
 
 
@@ -29,6 +34,7 @@ Schedule: Airflow Variable `kale_throughput_refit_schedule` (default `@hourly`).
     max_active_runs=1,
     tags=["kale", "mlflow"],
     doc_md=DOC,
+    default_args=kale_default_args(retries=2, retry_delay_s=300, backoff=True),
     params={
         "holdout_fraction": Param(0.2, type="number", minimum=0.05, maximum=0.5,
                                   description="newest observations held out for scoring"),
@@ -37,6 +43,7 @@ Schedule: Airflow Variable `kale_throughput_refit_schedule` (default `@hourly`).
 )
 def kale_throughput_refit():
     @task(doc_md="Fit on older observations; score it and the champion on the newest.")
+    @no_retry_on_permanent_errors
     def fit(params: dict | None = None) -> dict:
         from kale_airflow.config import settings
         from kale_airflow.pipelines.throughput import refit_throughput
@@ -44,20 +51,25 @@ def kale_throughput_refit():
         return refit_throughput(settings(), get_current_context()["run_id"], float(params["holdout_fraction"]))
 
     @task(doc_md="Log and register with alias `challenger`.")
+    @no_retry_on_permanent_errors
     def register(summary: dict) -> dict:
         from kale_airflow.config import settings
         from kale_airflow.pipelines.throughput import register_throughput
 
         return register_throughput(settings(), get_current_context()["run_id"], summary)
 
-    @task(doc_md="Promote if configured and winning (lower relative RMSE), else tag for review.")
+    @task(doc_md="Promote if configured and winning (lower relative RMSE), else tag for review (and alert).")
+    @no_retry_on_permanent_errors
     def promote_or_hold(summary: dict, registered: dict, params: dict | None = None) -> dict:
         from kale_airflow.config import settings
+        from kale_airflow.control.alerts import review_pending
         from kale_airflow.pipelines.common import promote_or_hold as decide
         from kale_airflow.registry.mlflow_registry import THROUGHPUT_MODEL
 
-        return decide(settings(), THROUGHPUT_MODEL, registered["version"], summary["metrics"],
-                      summary["champion_metrics"], "rel_rmse", bool(params["auto_promote"]))
+        result = decide(settings(), THROUGHPUT_MODEL, registered["version"], summary["metrics"],
+                        summary["champion_metrics"], "rel_rmse", bool(params["auto_promote"]))
+        review_pending(result, THROUGHPUT_MODEL)
+        return result
 
     summary = fit()
     promote_or_hold(summary, register(summary))

@@ -6,6 +6,7 @@ from datetime import datetime
 
 from airflow.sdk import Param, dag, task
 
+from kale_airflow.operators.failures import kale_default_args
 from kale_airflow.operators.rebalance import RebalanceShardsOperator
 from kale_airflow.operators.worker_pod import (WorkerPodOperator, training_dag_max_active_tasks,
                                                worker_pods_partial_kwargs)
@@ -20,8 +21,9 @@ Triggered by `kale_autoscaler` with `{workers, generation}` (or by hand).
    generation's slices of the same partition stopped (no sample skipped, committed before
    the assignment is published); idempotent per generation.
 2. **backend**: the configured `worker_backend` picks the path; the DAG is the same.
-   - `local` (embedded default): **start_local_workers** launches one worker process per
-     index; they train until a newer generation supersedes them.
+   - `local` (embedded default): **start_local_workers** launches the generation's
+     `torch.distributed` job (one process per rank, one supervisor restarting the whole job
+     when a rank dies); it trains until a newer generation supersedes it.
    - `kubernetes`: **worker_pods**, one mapped `KubernetesPodOperator` GPU pod per worker
      (GPU limit, node selector, tolerations, checkpoint PVC, non-root, `KALE_DATABASE_URL`
      from a Secret); a pod ends when its worker sees a newer generation, checkpoints and
@@ -52,6 +54,9 @@ DEPLOYMENT = _deployment()
     catchup=False,
     tags=["kale"],
     doc_md=DOC,
+    # Transient faults retry (worker pods set their own retries); a generation that fails for
+    # good (pods out of retries included) alerts through the configured notifier.
+    default_args=kale_default_args(retries=2, retry_delay_s=30),
     # a whole generation of worker pod tasks plus the branch and argument tasks
     max_active_tasks=training_dag_max_active_tasks(DEPLOYMENT),
     params={"workers": Param(1, type=["integer", "string"], description="worker count of this generation"),

@@ -15,4 +15,7 @@ def get_provider_info() -> dict:
         "operators": [{"integration-name": "Kale", "python-modules": ["kale_airflow.operators.rebalance",
                                                                       "kale_airflow.operators.scale"]}],
         "sensors": [{"integration-name": "Kale", "python-modules": ["kale_airflow.sensors.scaling"]}],
+        "hooks": [{"integration-name": "Kale", "python-modules": ["kale_airflow.registry.connection"]}],
+        "connection-types": [{"connection-type": "kale_mlflow",
+                              "hook-class-name": "kale_airflow.registry.connection.KaleMlflowHook"}],
     }

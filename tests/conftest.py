@@ -143,3 +143,32 @@ def db_url(request, tmp_path):
         forget_databases()
     else:
         yield request.getfixturevalue("postgres_database")
+
+
+def wait_until(condition, what: str, timeout: float = 180.0) -> None:
+    """Poll until ``condition()`` holds (a loaded CI machine may take seconds to start torch)."""
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{what} within {timeout}s")
+
+
+def audit_coverage(path) -> dict[int, dict[int, int]]:
+    """offset -> times trained, per partition, from a worker audit log and the slice masks."""
+    from pathlib import Path
+
+    from kale_airflow.core.slices import Slice
+
+    seen: dict[int, dict[int, int]] = {}
+    for line in Path(path).read_text().splitlines():
+        p, lo, hi, a, b = line.strip().split(",")[:5]
+        sl = Slice(int(p), float(lo), float(hi))
+        offs = np.arange(int(a), int(b))
+        for o in offs[sl.mask(offs)]:
+            seen.setdefault(int(p), {}).setdefault(int(o), 0)
+            seen[int(p)][int(o)] += 1
+    return seen

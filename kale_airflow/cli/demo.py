@@ -76,8 +76,9 @@ class Demo:
             "kale": {"lookahead_s": LOOKAHEAD_S, "up_window_s": 4, "down_window_s": 30, "recent_window_s": 20,
                      "min_drain_s": 10},
         }))
-        self.say(f"each local worker emulates a GPU step of {self.step_time_s:g} s per {self.batch} samples "
-                 f"(about {per_worker:,.0f} samples/s)")
+        self.say(f"each generation is one torch.distributed job (gloo, one process per rank); EMULATION: each "
+                 f"rank sleeps to a GPU step of {self.step_time_s:g} s per {self.batch} samples "
+                 f"(about {per_worker:,.0f} samples/s per rank)")
 
     def dag(self, dag_id: str, conf: dict | None = None) -> str:
         proc = subprocess.run([sys.executable, "-c", RUN_DAG, str(DAGS), dag_id, json.dumps(conf or {})],
@@ -90,7 +91,9 @@ class Demo:
 
     # --------------------------------------------------------------- profiling
     def profile(self) -> None:
-        """Real throughput at 1, 2 and 3 workers, recorded by the workers themselves."""
+        """The training job's throughput at world sizes 1, 2 and 3, recorded by the job itself
+        (rank 0: the whole job's samples/s, all-reduce included). Each rank EMULATES a GPU step
+        (``--step-time``) so a 2-core machine can host several; the synchronization is real."""
         os.environ["KALE_HOME"] = self.env["KALE_HOME"]
         from kale_airflow.core.rebalance import assign
         from kale_airflow.metrics.embedded import EmbeddedMetrics
@@ -106,16 +109,20 @@ class Demo:
             for chunk in range(20):
                 s.append(p, pack(generate(1000, 100 * p + chunk)))
         for n in (1, 2, 3):
-            spec = WorkerSpec(f"sqlite:///{path}", str(self.kale_home / "profile-ck"), group=f"profile{n}",
+            spec = WorkerSpec(f"sqlite:///{path}", str(self.kale_home / f"profile-ck-{n}"), group=f"profile{n}",
                               database_url=self.paths.database_url, batch_size=self.batch,
                               extra_args=["--step-time", str(self.step_time_s), "--report-every", "2"])
             workers = LocalWorkers(spec, self.kale_home / "worker-logs")
             workers.start(f"profile{n}", assign({str(p): 1.0 for p in range(6)}, n).to_dict())
-            time.sleep(14)
+            deadline = time.monotonic() + 120  # torch import and rendezvous first: time the running job
+            while (metrics.throughput_observations()["workers"] != n).all() and time.monotonic() < deadline:
+                time.sleep(0.5)
+            time.sleep(10)
             workers.stop()
         obs = metrics.throughput_observations()
         for n, grp in obs.groupby("workers"):
-            self.say(f"profiling: {n} worker(s) measured {grp['rate'].median():,.0f} samples/s")
+            self.say(f"profiling: a job of {n} rank(s) measured {grp['rate'].median():,.0f} samples/s "
+                     f"(emulated GPU step, real all-reduce)")
 
     # ---------------------------------------------------------------- traffic
     def produce(self) -> None:
@@ -160,7 +167,7 @@ class Demo:
         retrain = {"forecaster": "seasonal", "forecaster_options": {"level_window_s": LOOKAHEAD_S},
                    "history_days": 14, "auto_promote": True}
         self.say(f"  -> {self.dag('kale_forecaster_retrain', retrain)}")
-        self.say("profiling the reference worker at 1, 2 and 3 local workers")
+        self.say("profiling the training job at world sizes 1, 2 and 3")
         self.profile()
         self.say("fitting and registering the throughput model from that (kale_throughput_refit)")
         self.say(f"  -> {self.dag('kale_throughput_refit', {'auto_promote': True})}")
@@ -236,6 +243,30 @@ class Demo:
         plot_demo(df, SLO_S, self.out / "demo.png")
 
 
+def airflow_ui_env(airflow_home: Path, kale_home: Path, bin_dir: Path | None = None) -> dict[str, str]:
+    """The environment ``airflow standalone`` needs to serve a demo's state: the venv's
+    ``bin`` first on PATH (standalone spawns its components by name), the repository's
+    ``dags/`` (an empty dags_folder marks every Kale DAG stale and hides it), no example
+    DAGs, and the demo's Airflow database and Kale home."""
+    bin_dir = Path(sys.executable).parent if bin_dir is None else bin_dir
+    return {"PATH": f"{bin_dir}:$PATH", "AIRFLOW_HOME": str(airflow_home), "KALE_HOME": str(kale_home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow_home}/airflow.db"}
+
+
+def airflow_ui_command(airflow_home: Path, kale_home: Path, bin_dir: Path | None = None) -> str:
+    """The one-line shell command ``kale demo`` prints to open the Airflow UI on its state
+    (absolute paths: it works from any folder; ``$PATH`` is expanded by the user's shell)."""
+    import shlex
+
+    bin_dir = Path(sys.executable).parent if bin_dir is None else bin_dir
+    env = airflow_ui_env(airflow_home, kale_home, bin_dir)
+    in_double_quotes = "".join("\\" + ch if ch in '"$`\\' else ch for ch in str(bin_dir))
+    words = [f'PATH="{in_double_quotes}:$PATH"']
+    words += [f"{k}={shlex.quote(v)}" for k, v in env.items() if k != "PATH"]
+    return " ".join(words + [shlex.quote(str(bin_dir / "airflow")), "standalone"])
+
+
 def run_demo(out: str, minutes: float) -> int:
     """Entry point of ``kale demo``."""
     demo = Demo(Path(out), minutes, start="2014-07-21 14:00", step_wall_s=20.0, peak_rate=1100.0,
@@ -251,6 +282,8 @@ def run_demo(out: str, minutes: float) -> int:
     print(f"simulator on the same {sim['trace_hours']:g} trace hours: Kale {sim['kale']['rescales']} rescales, "
           f"SLO violations {sim['kale']['slo_violation_rate']:.1%}; HPA {sim['hpa']['rescales']} rescales")
     print(f"\nplot: {demo.out / 'demo.png'}   summary: {demo.out / 'summary.json'}")
-    print(f"Airflow UI:  AIRFLOW_HOME={demo.airflow_home} KALE_HOME={demo.kale_home} .venv/bin/airflow standalone")
+    print(f"Airflow UI:  {airflow_ui_command(demo.airflow_home, demo.kale_home)}")
+    print("             then http://localhost:8080 (user admin, password in "
+          f"{demo.airflow_home / 'simple_auth_manager_passwords.json.generated'}) and the Kale page at /kale/")
     print(f"MLflow UI:   .venv/bin/mlflow ui --backend-store-uri {demo.paths.mlflow_uri}")
     return 0

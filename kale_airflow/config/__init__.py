@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kale_airflow.config.deployment import (
+    AlertsConfig,
     ConfigError,
     Deployment,
     KubernetesWorkerConfig,
@@ -29,5 +30,5 @@ def load_config() -> Config:
     return Config(env, load_deployment(env))
 
 
-__all__ = ["Config", "ConfigError", "Deployment", "KubernetesWorkerConfig", "Settings", "load_config",
+__all__ = ["AlertsConfig", "Config", "ConfigError", "Deployment", "KubernetesWorkerConfig", "Settings", "load_config",
            "load_deployment", "parse_deployment", "settings"]

@@ -85,6 +85,24 @@ class KubernetesWorkerConfig(BaseModel):
         return uid
 
 
+class AlertsConfig(BaseModel):
+    """Where alerts go: an Airflow notifier class (e.g.
+    ``airflow.providers.smtp.notifications.smtp.SmtpNotifier`` or the Slack provider's
+    ``SlackNotifier``) built with ``notifier_kwargs``; without one, alerts are only logged.
+    Templated notifier fields see ``{{ kale_alert.title }}``, ``{{ kale_alert.message }}``
+    and ``{{ kale_alert.kind }}``."""
+
+    model_config = STRICT
+
+    notifier: str | None = Field(None, pattern=r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+$")
+    notifier_kwargs: dict[str, Any] = Field(default_factory=dict)
+    # The freshness lag counts as "SLO at risk" from this fraction of slo_s; alert after this long at risk.
+    slo_risk_fraction: float = Field(0.8, gt=0)
+    slo_risk_minutes: float = Field(10.0, gt=0)
+    task_failures: bool = True      # a failed retrain/refit/training/autoscaler task (on_failure_callback)
+    review_pending: bool = True     # a challenger held for review in MLflow
+
+
 # The policy's own fields (core.policies.KaleConfig) as a strict model, so ``kale:`` is
 # validated field by field; SLO, downtime and interval come from the top level.
 _FROM_TOP_LEVEL = {"slo_s", "rescale_downtime_s", "interval_s"}
@@ -118,6 +136,10 @@ class Deployment(BaseModel):
     handover_timeout_s: float = Field(180.0, gt=0)
     kale: KalePolicySettings = Field(default_factory=KalePolicySettings)  # type: ignore[valid-type]
     kubernetes: KubernetesWorkerConfig = Field(default_factory=KubernetesWorkerConfig)
+    # Shadow mode: observe, decide and record every decision (``applied: false``) beside the
+    # autoscaler already in charge (HPA, KEDA, a person); never start or stop a worker.
+    shadow: bool = False
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> "Deployment":
@@ -137,7 +159,8 @@ class Deployment(BaseModel):
                           interval_s=self.poll_interval_s)
 
 
-_SECTIONS = {(): Deployment, ("kale",): KalePolicySettings, ("kubernetes",): KubernetesWorkerConfig}
+_SECTIONS = {(): Deployment, ("kale",): KalePolicySettings, ("kubernetes",): KubernetesWorkerConfig,
+             ("alerts",): AlertsConfig}
 
 
 def explain(exc: ValidationError, source: str) -> ConfigError:

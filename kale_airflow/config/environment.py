@@ -2,6 +2,8 @@
 
 - ``KALE_HOME``: state folder (embedded stores, checkpoints, run folders); default
   ``$AIRFLOW_HOME/kale`` or ``~/.kale``;
+- ``KALE_MLFLOW_CONN_ID``: a ``kale_mlflow`` Airflow connection holding the tracking URI and
+  token (see :mod:`kale_airflow.registry.connection`); when set it wins over ``KALE_MLFLOW_URI``;
 - ``KALE_MLFLOW_URI``: MLflow tracking/registry URI; default a SQLite store
   ``sqlite:///$KALE_HOME/mlflow.db`` with artifacts under ``$KALE_HOME/mlartifacts``;
 - ``KALE_DATABASE_URL``: the control-plane database every component shares (generations,
@@ -71,7 +73,10 @@ def settings() -> Settings:
     else:
         home = Path.home() / ".kale"
     home = home.expanduser().resolve()
-    uri = os.environ.get("KALE_MLFLOW_URI") or f"sqlite:///{home / 'mlflow.db'}"
+    conn_id = os.environ.get("KALE_MLFLOW_CONN_ID")
+    # A kale_mlflow Airflow connection wins; the registry resolves the reference when it connects.
+    uri = (f"airflow-connection:{conn_id}" if conn_id else None) or os.environ.get("KALE_MLFLOW_URI") \
+        or f"sqlite:///{home / 'mlflow.db'}"
     explicit = os.environ.get("KALE_CONFIG")
     return Settings(home=home, mlflow_uri=uri, metrics_source=os.environ.get("KALE_METRICS_SOURCE", "embedded"),
                     config_file=Path(explicit).expanduser() if explicit else None,

@@ -1,4 +1,4 @@
-"""Small helpers shared by the DAG files (kept light: no heavy imports)."""
+"""Small helpers shared by the DAG files (kept light: no heavy imports, no metadata-DB reads)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,9 @@ import os
 
 
 def schedule_from(variable: str, default: str) -> str:
-    """A DAG schedule users can change without editing code: the Airflow Variable
-    ``variable`` (set it in Admin > Variables), else ``$KALE_<VARIABLE>``, else ``default``.
-
-    Read at parse time; outside a running Airflow (no metadata DB) the default applies."""
-    env = os.environ.get(variable.upper())
-    try:
-        from airflow.sdk import Variable
-
-        return Variable.get(variable, default=env or default)
-    except Exception:  # noqa: BLE001 - no Airflow context at parse time in tests/CLI
-        return env or default
+    """A DAG schedule users can change without editing code, read at parse time from the
+    environment only (Airflow's guidance: no Variable or metadata-DB reads at parse time):
+    ``AIRFLOW_VAR_<VARIABLE>`` (the environment route of the Airflow Variable ``variable``),
+    else ``$<VARIABLE>`` (e.g. ``KALE_AUTOSCALER_SCHEDULE``), else ``default``."""
+    name = variable.upper()
+    return os.environ.get(f"AIRFLOW_VAR_{name}") or os.environ.get(name) or default

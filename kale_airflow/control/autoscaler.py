@@ -5,6 +5,12 @@ loaded (cached; reloaded when the ``champion`` alias moves), asks the policy, re
 decision with its reason, and persists the policy's stabilization state so the next poke
 (or the next DAG run) continues where this one stopped.
 
+Shadow mode (``shadow: true`` in the deployment, or ``shadow=True``): the worker count is
+read from what actually runs (pods, heartbeats, throughput observations; see
+:mod:`kale_airflow.control.shadow`) and every decision is recorded with ``applied: false``;
+nothing downstream starts workers. ``poke(record=False)`` (``kale decide --dry-run``)
+observes and decides without writing anything.
+
 Faults: an unreachable MLflow keeps the models already loaded, or (none loaded yet)
 holds the current workers and says why; a failing stream read becomes missing metrics,
 which never scale down.
@@ -24,6 +30,7 @@ from kale_airflow.core.policies import Decision, KalePolicy, Observation, Reason
 from kale_airflow.core.policies.kale import KnownCapacity, OnlineForecastSource
 from kale_airflow.core.slices import slices_for
 from kale_airflow.core.throughput import monotone
+from kale_airflow.metrics.embedded import MetricsError
 from kale_airflow.store import StateStore
 
 log = logging.getLogger(__name__)
@@ -35,8 +42,10 @@ class Autoscaler:
     """Observe -> decide -> record, with models cached across pokes."""
 
     def __init__(self, config: Config, *, stream=None, metrics=None, store: StateStore | None = None,
-                 registry: "ChampionSource | None" = None, pods: "Callable[[], list] | None" = None):
-        """Sources default to what the configuration names; tests pass fakes."""
+                 registry: "ChampionSource | None" = None, pods: "Callable[[], list] | None" = None,
+                 shadow: bool | None = None):
+        """Sources default to what the configuration names; tests pass fakes. ``shadow``
+        overrides the deployment's ``shadow`` switch (None: as configured)."""
         from kale_airflow.metrics.embedded import open_metrics
         from kale_airflow.stream import open_stream
 
@@ -51,11 +60,14 @@ class Autoscaler:
         self.versions: tuple[str, str] | None = None
         self.model_error: str | None = None
         self._recorded_until: int | None = None  # first bin not yet written to the traffic history
+        self.shadow = bool(self.dep.shadow if shadow is None else shadow)
+        self.workers_source = "generation"  # where the last observation's worker count came from
+        self._alerter = None
 
     @classmethod
-    def from_environment(cls) -> "Autoscaler":
+    def from_environment(cls, shadow: bool | None = None) -> "Autoscaler":
         """The autoscaler of ``$KALE_HOME`` and its validated deployment configuration."""
-        return cls(load_config())
+        return cls(load_config(), shadow=shadow)
 
     # ----------------------------------------------------------------- models
     def _champions(self):
@@ -85,6 +97,9 @@ class Autoscaler:
         """Current metrics; any that cannot be read are None (never a scale-down)."""
         cur = self.state.current()
         workers = cur["workers"] if cur and cur["workers"] else 0
+        self.workers_source = "generation"
+        if self.shadow:  # what actually runs, started by whoever is in charge
+            workers = self._observed_workers(now, fallback=workers)
         rate = backlog = fresh = tput = None
         try:
             interval = self.dep.poll_interval_s
@@ -94,12 +109,35 @@ class Autoscaler:
         except Exception as exc:  # noqa: BLE001 - a metrics outage must not crash the sensor
             log.warning("stream metrics unavailable (%s): holding, never scaling down", exc)
         if workers:  # the hot path: read only the last two minutes, not the whole history
-            recent = self.metrics.throughput_observations(since=now - 120)
-            recent = recent[recent["workers"] == workers]
-            if len(recent):
-                tput = float(recent["rate"].median())
+            try:
+                recent = self.metrics.throughput_observations(since=now - 120)
+            except MetricsError as exc:  # e.g. a missing or stale Prometheus series: unknown, never zero
+                log.warning("worker throughput unavailable (%s)", exc)
+            else:
+                recent = recent[recent["workers"] == workers]
+                if len(recent):
+                    tput = float(recent["rate"].median())
         rescaling = bool(cur and cur["created"] and now - cur["created"] < self.dep.rescale_downtime_s)
         return Observation(now, workers, rate, backlog, fresh, None, tput, rescaling, self._ready(workers))
+
+    def _observed_workers(self, now: float, fallback: int) -> int:
+        from kale_airflow.control.shadow import observed_workers
+
+        pods = None
+        if self.dep.worker_backend == "kubernetes":
+            def pods() -> int | None:
+                try:
+                    return sum(1 for p in self.list_pods() if p.status and p.status.phase == "Running")
+                except Exception as exc:  # noqa: BLE001 - no API access: try the next source
+                    log.warning("shadow: cannot list worker pods (%s)", exc)
+                    return None
+        count, source = observed_workers(now, pods=pods, store=self.state, metrics=self.metrics,
+                                         fresh_s=max(120.0, 4 * self.dep.poll_interval_s))
+        if count is None:
+            self.workers_source = "generation" if fallback else "unknown"
+            return fallback
+        self.workers_source = source
+        return count
 
     def _ready(self, workers: int) -> int | None:
         """Running worker pods (Kubernetes backend); None when unknown. Pods still Pending
@@ -159,11 +197,13 @@ class Autoscaler:
         return done - first
 
     # ----------------------------------------------------------------- decide
-    def poke(self, now: float | None = None) -> tuple[Decision, Observation]:
-        """One observation and decision, recorded with its reason."""
+    def poke(self, now: float | None = None, *, record: bool = True) -> tuple[Decision, Observation]:
+        """One observation and decision, recorded with its reason. ``record=False`` (a dry
+        run) writes nothing: no decision, no policy state, no traffic history, no alert."""
         now = time.time() if now is None else now
         obs = self.observe(now)
-        self.record_traffic(now)
+        if record:
+            self.record_traffic(now)
         try:
             self._champions()
             self.model_error = None
@@ -172,19 +212,48 @@ class Autoscaler:
             if self.policy is None:
                 d = Decision(obs.workers, Reason.HOLD_MISSING_METRICS,
                              f"models unavailable, keeping the current {obs.workers} worker(s): {exc}")
-                self.state.record_decision(now, obs.workers, d.to_dict())
+                if record:
+                    self.state.record_decision(now, obs.workers, d.to_dict() | self._mode())
                 return d, obs
             log.warning("model registry unavailable (%s); deciding with the cached champions", exc)
         d = self.policy.first_start(obs) if obs.workers == 0 else self.policy.decide(obs)
+        if not record:
+            log.info("dry run: %s -> %s (%s) %s", obs.workers, d.workers, d.reason.value, d.message)
+            return d, obs
         self.state.set_value(STATE_KEY, self.policy.state_dict())
         table = self.policy.capacity.table
         capacity = table[min(obs.workers, len(table) - 1)] if table is not None else None
+        kale_capacity = table[min(d.workers, len(table) - 1)] if table is not None else None
         self.state.record_decision(now, obs.workers, d.to_dict() | {"arrival_rate": obs.arrival_rate,
                                                                     "backlog": obs.backlog,
                                                                     "freshness_lag_s": obs.freshness_lag_s,
-                                                                    "capacity": capacity})
-        log.info("decision: %s -> %s (%s) %s", obs.workers, d.workers, d.reason.value, d.message)
+                                                                    "capacity": capacity,
+                                                                    "kale_capacity": kale_capacity,
+                                                                    "ready_workers": obs.ready_workers,
+                                                                    "throughput": obs.throughput}
+                                   | self._mode())
+        log.info("%sdecision: %s -> %s (%s) %s", "shadow " if self.shadow else "", obs.workers, d.workers,
+                 d.reason.value, d.message)
+        self._watch_slo(now, obs)
         return d, obs
+
+    def _mode(self) -> dict:
+        """Shadow decisions say so: never applied, and where the running count came from."""
+        return {"shadow": True, "applied": False, "workers_source": self.workers_source} if self.shadow else {}
+
+    def _watch_slo(self, now: float, obs: Observation) -> None:
+        """Alert once per episode when the freshness lag stays at risk too long."""
+        from kale_airflow.control.alerts import SLO_STATE_KEY, Alerter, SloRiskWatch
+
+        try:
+            watch = SloRiskWatch(self.dep.alerts, self.dep.slo_s, self.state.get_value(SLO_STATE_KEY))
+            message = watch.update(now, obs.freshness_lag_s)
+            self.state.set_value(SLO_STATE_KEY, watch.state)
+            if message:
+                self._alerter = self._alerter or Alerter(self.dep.alerts, log)
+                self._alerter.send("slo_risk", "Kale: freshness SLO at risk", message)
+        except Exception as exc:  # noqa: BLE001 - alerting must never stop the autoscaler
+            log.error("SLO-risk alert check failed: %s", exc)
 
 
 class ChampionSource(Protocol):

@@ -148,7 +148,9 @@ class Generations:
 
     # ------------------------------------------------------------------ workers
     def start_local(self, generation: str) -> list[int]:
-        """Start the generation's workers as supervised local processes; returns their pids."""
+        """Start the generation's distributed job (one local process per rank, 127.0.0.1
+        rendezvous, one supervisor restarting every rank when one dies); returns the
+        supervisor's pid."""
         from kale_airflow.runtime.backends import LocalWorkers, WorkerSpec
 
         env, dep = self.config.settings, self.config.deployment
@@ -158,9 +160,12 @@ class Generations:
         return LocalWorkers(spec, env.worker_logs).start(generation, self.assignment(generation))
 
     def pod_arguments(self, generation: str) -> list[list[str]]:
-        """The worker command's arguments for each pod of the generation (the image runs ``python``)."""
+        """The rank command's arguments for each pod of the generation (the image runs ``python``).
+
+        The pods rendezvous through the control-plane database: rank 0 publishes its pod IP
+        (``KALE_POD_IP``, from the downward API) and ``RENDEZVOUS_PORT``; the others read it."""
         from kale_airflow.runtime.backends import WorkerSpec
-        from kale_airflow.runtime.kubernetes import CHECKPOINT_MOUNT
+        from kale_airflow.runtime.kubernetes import CHECKPOINT_MOUNT, RENDEZVOUS
 
         dep = self.config.deployment
         doc = self.assignment(generation)
@@ -168,7 +173,8 @@ class Generations:
         spec = WorkerSpec(dep.stream_url, CHECKPOINT_MOUNT, dep.group, batch_size=dep.worker_batch_size,
                           extra_args=step)
         n = len(doc["assignment"])
-        return [spec.command(generation, w, n, {"assignment": doc["assignment"]})[1:] for w in range(n)]
+        return [spec.command(generation, w, n, {"assignment": doc["assignment"]}, rendezvous=RENDEZVOUS)[1:]
+                for w in range(n)]
 
     def _stream_rates(self, stream, window_s: float = 300.0) -> dict[str, float] | None:
         """Samples/s per partition over the last ``window_s``; None when the stream has no partitions."""

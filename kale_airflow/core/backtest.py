@@ -14,6 +14,10 @@ Metrics, over every (origin, step) pair:
 - ``pinball``: mean pinball loss per quantile, in the series' units;
 - ``coverage``: the share of actual values at or below each quantile forecast;
   ``coverage`` alone is the upper quantile's (q90 by default).
+
+A forecaster that chooses among candidates when it is fitted (``auto``) adds
+``selected`` and ``candidates`` (each candidate's scores on the held-out end of its
+training history, before the test window).
 """
 
 from __future__ import annotations
@@ -67,7 +71,18 @@ def backtest(series: pd.Series, forecaster: Forecaster, horizon: int, *, test_da
     result = evaluate(series, forecaster, horizon, first_origin=cut, history_start=start, stride=stride,
                       upper_quantile=upper_quantile, progress=progress)
     result.metrics.update({"fit_seconds": fit_seconds, "train_rows": cut - start, "test_days": test_days})
+    result.metrics.update(selection_of(forecaster))
     return result
+
+
+def selection_of(forecaster: Forecaster) -> dict:
+    """``selected`` and every candidate's held-out scores, for forecasters that choose among
+    candidates at fit time (``auto``); empty for the others."""
+    summary = getattr(forecaster, "summary", None)
+    if not callable(summary):
+        return {}
+    s = summary()
+    return {"selected": s.get("selected"), "candidates": s.get("candidates", {})}
 
 
 def split(series: pd.Series, horizon: int, test_days: float, max_train_days: float | None = None) -> tuple[int, int]:

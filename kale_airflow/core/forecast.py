@@ -106,6 +106,37 @@ def _check_values(values: np.ndarray) -> None:
         raise ForecastError("history has negative values; traffic counts must be >= 0")
 
 
+def conformal_offsets(errors: np.ndarray, quantiles: tuple[float, ...], horizon: int | None = None) -> np.ndarray:
+    """Split-conformal offsets per horizon step from held-out errors.
+
+    ``errors`` has shape (origins, steps): ``actual - forecast`` on a transformed scale
+    (log), NaN where no actual exists. Step ``k`` pools the errors of steps within
+    ``k +- max(1, k // 4)`` (neighbouring steps err alike; pooling steadies the tails)
+    and takes the finite-sample conformal level ``ceil((n + 1) q) / n`` of them. Returns
+    shape (len(quantiles), horizon); steps beyond the errors reuse the last step's.
+    """
+    errors = np.asarray(errors, dtype=float)
+    steps = errors.shape[1] if errors.ndim == 2 else 0
+    horizon = horizon or steps
+    out = np.zeros((len(quantiles), horizon))
+    if steps == 0 or not np.isfinite(errors).any():
+        return out
+    cols = []
+    for k in range(steps):
+        w = max(1, k // 4)
+        pool = errors[:, max(0, k - w):k + w + 1].ravel()
+        pool = pool[np.isfinite(pool)]
+        cols.append(pool)
+    for k in range(horizon):
+        pool = cols[min(k, steps - 1)]
+        if len(pool) == 0:
+            continue
+        for i, q in enumerate(quantiles):
+            level = min(1.0, np.ceil((len(pool) + 1) * q) / len(pool))
+            out[i, k] = np.quantile(pool, level)
+    return out
+
+
 @dataclass
 class SeasonalNaiveForecaster(ForecasterBase):
     """Level-corrected seasonal naive forecast with empirical quantiles and automatic
@@ -279,6 +310,9 @@ class SeasonalNaiveForecaster(ForecasterBase):
 _REGISTRY: dict[str, str | Callable[..., Forecaster]] = {
     "seasonal": SeasonalNaiveForecaster,
     "neuralprophet": "kale_airflow.forecasting.neuralprophet:NeuralProphetForecaster",
+    "mstl": "kale_airflow.forecasting.statistical:MSTLForecaster",
+    # The roster chosen by backtest on the last days of the training history.
+    "auto": "kale_airflow.forecasting.auto:AutoForecaster",
 }
 
 

@@ -10,7 +10,11 @@
 - **Backlog.** Per tick ``processed = min(B + arrivals, c(n) * available seconds)``.
 - **Metrics.** Accumulated lag ``sum B * tick`` (sample-seconds), mean wait (lag /
   samples), FIFO freshness lag (age of the oldest unprocessed sample) and the share of
-  ticks above ``slo_s``, downtime, GPU-hours, rescales; the fluid bound.
+  ticks above ``slo_s``, downtime, GPU-hours, rescales; the offline optimum
+  (:func:`offline_optimum`) and the fluid bound.
+- **Baselines at their settings**: ``VARIANTS`` pins a baseline's setting under its own
+  name (``hpa@60s``); :func:`best_variant` picks the one a comparison should use.
+- **References**: ``oracle`` is clairvoyant Kale (``LABELS``), Kale's logic on the truth.
 - **Partitions** (optional, ``shard_skew``): see :mod:`kale_airflow.core.shards`.
 - **No peeking.** At tick k a policy sees only metrics of ticks < k. The first
   ``history_days`` of the trace are past history given to forecasting policies; the
@@ -31,7 +35,9 @@ import pandas as pd
 from kale_airflow.core.errors import KaleError
 from kale_airflow.core.forecast import get_forecaster
 from kale_airflow.core.policies import (
+    AutopilotConfig,
     AutopilotPolicy,
+    HPAConfig,
     HPAPolicy,
     KEDAConfig,
     KEDAPolicy,
@@ -47,6 +53,26 @@ from kale_airflow.core.traffic import Trace
 
 ONLINE_POLICIES = ("kale", "hpa", "keda", "autopilot", "static")
 ALL_POLICIES = ONLINE_POLICIES + ("oracle",)
+# Display names: the oracle is Kale's own logic fed the truth, not a bound.
+LABELS = {"oracle": "clairvoyant Kale"}
+
+# Baseline variants at their own realistic settings (name -> SimConfig overrides). The
+# plain names run at the SimConfig's settings (the CLI's options); the others pin one.
+VARIANTS: dict[str, dict] = {
+    "hpa@60s": {"hpa_window_s": 60.0},
+    "hpa@120s": {"hpa_window_s": 120.0},
+    "keda@10s": {"keda_lag_threshold_s": 10.0},
+    "keda@30s": {"keda_lag_threshold_s": 30.0},
+    "autopilot@p95+0%": {"autopilot_percentile": 0.95, "autopilot_margin": 0.0},
+    "autopilot@p90+5%": {"autopilot_percentile": 0.90, "autopilot_margin": 0.05},
+    "autopilot@p99+20%": {"autopilot_percentile": 0.99, "autopilot_margin": 0.20},
+}
+# The grid the engine benchmark evaluates per baseline (the plain name at the defaults).
+BASELINE_GRID = {
+    "hpa": ("hpa", "hpa@60s", "hpa@120s"),
+    "keda": ("keda@10s", "keda@30s", "keda"),
+    "autopilot": ("autopilot", "autopilot@p95+0%", "autopilot@p90+5%", "autopilot@p99+20%"),
+}
 
 
 class SimulationError(KaleError, ValueError):
@@ -70,7 +96,12 @@ class SimConfig:
     cluster: ClusterModel = field(default_factory=ClusterModel)
     profile_workers: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     profile_samples: int = 20
+    profile_noise_sd: float | None = None  # None: the cluster's per-tick noise
+    hpa_window_s: float = 15.0
     keda_lag_threshold_s: float = 60.0
+    autopilot_margin: float = 0.10
+    autopilot_percentile: float = 0.95
+    offline_step_s: float = 300.0
     shard_skew: float | None = None
     shard_partitions: int = 128
     shard_assignment: str = "rebalance"
@@ -162,15 +193,76 @@ def profile_observations(cfg: SimConfig) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(cfg.seed + 1)
     n = np.repeat(np.asarray(cfg.profile_workers, dtype=float), cfg.profile_samples)
     n = n[n <= cfg.max_workers]
-    r = cfg.cluster.capacity(n) * np.maximum(0.5, 1 + cfg.cluster.noise_sd * rng.standard_normal(n.size))
+    sd = cfg.cluster.noise_sd if cfg.profile_noise_sd is None else cfg.profile_noise_sd
+    r = cfg.cluster.capacity(n) * np.maximum(0.5, 1 + sd * rng.standard_normal(n.size))
     return n, r
 
 
 def fluid_gpu_hours(arrivals: np.ndarray, cfg: SimConfig) -> float:
-    """GPU-hours of exactly enough (fractional, >= min_workers) workers per tick, free rescales."""
-    n = cfg.cluster.workers_for_fractional(arrivals / cfg.tick_s)
-    n = np.clip(n, cfg.min_workers, cfg.max_workers)
+    """GPU-hours of exactly enough (fractional, >= min_workers) workers per tick, free rescales
+    (traffic beyond the curve's peak gets the peak count)."""
+    upper = cfg.limits.upper
+    n = cfg.cluster.workers_for_fractional(arrivals / cfg.tick_s, upper)
+    n = np.where(np.isfinite(n), n, cfg.cluster.peak_workers(upper))
+    n = np.clip(n, cfg.min_workers, upper)
     return float(n.sum() * cfg.tick_s / 3600.0)
+
+
+def offline_optimum(arrivals: np.ndarray, cfg: SimConfig, initial_workers: int) -> dict:
+    """The offline optimum: a dynamic program over the worker count of each coarse step
+    (``cfg.offline_step_s``, 5 min = the default SLO) that knows the true arrivals and the
+    true mean curve and pays the rescale downtime.
+
+    A schedule is feasible when every step processes what arrives in it within the step
+    (so, at the mean curve, no sample waits longer than the step: the SLO holds); a step
+    that starts with a rescale loses ``rescale_downtime_s`` of capacity and holds
+    ``max(old, new)`` GPUs meanwhile. Steps no count can serve (bursts past the curve's
+    peak) must run the peak count. The DP minimises GPU-hours over these schedules, from
+    the same initial count as the policies; value iteration is O(steps x workers).
+
+    It is the optimum of this discretized problem, not a strict bound: a policy may beat
+    it by carrying backlog across steps within the SLO or rescaling inside a step.
+    """
+    upper, lo = cfg.limits.upper, cfg.min_workers
+    step = cfg.offline_step_s
+    per = max(1, int(round(step / cfg.tick_s)))
+    step = per * cfg.tick_s
+    pad = (-len(arrivals)) % per
+    a = np.concatenate([arrivals, np.zeros(pad)]).reshape(-1, per).sum(axis=1)
+    cap = cfg.cluster.capacity_table(upper)
+    n = np.arange(upper + 1, dtype=float)
+    d = min(cfg.rescale_downtime_s, step)
+    ok_counts = n >= lo
+    ok_counts[0] = False
+    peak = cfg.cluster.peak_workers(upper)
+    inf = float("inf")
+    value = np.full(upper + 1, inf)
+    value[min(max(initial_workers, lo), upper)] = 0.0
+    switch = np.maximum.outer(n, n) * d          # [k, m]: GPUs held during the downtime
+    np.fill_diagonal(switch, inf)                # staying is not a move
+    back = np.empty((len(a), upper + 1), dtype=np.int16)
+    for j, need in enumerate(a):
+        stay_ok = ok_counts & (cap * step >= need - 1e-9)
+        move_ok = ok_counts & (cap * (step - d) >= need - 1e-9)
+        if not stay_ok.any():
+            stay_ok = n == peak
+        if not move_ok.any():
+            move_ok = n == peak
+        stay = np.where(stay_ok, value + n * step, inf)
+        m = value[:, None] + switch
+        src = np.argmin(m, axis=0)
+        move = np.where(move_ok, m[src, np.arange(upper + 1)] + n * (step - d), inf)
+        take_move = move < stay
+        back[j] = np.where(take_move, src, -1)
+        value = np.where(take_move, move, stay)
+    best = int(np.argmin(value))
+    rescales, state = 0, best
+    for j in range(len(a) - 1, -1, -1):
+        k = back[j, state]
+        if k >= 0:
+            rescales += 1
+            state = int(k)
+    return {"gpu_hours": float(value[best] / 3600.0), "rescales": rescales, "step_s": step}
 
 
 def fifo_freshness(cum_arrivals: list[float], arrivals: list[float], cum_processed: float, t0: float,
@@ -324,6 +416,7 @@ class SimulationResult:
     fluid_gpu_hours: float
     forecaster: str
     wall_s: float
+    offline: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         """The JSON document of ``kale simulate --json``."""
@@ -338,7 +431,11 @@ class SimulationResult:
                 "scale_samples_per_unit": self.workload.scale,
             },
             "policies": {name: run.metrics | {"reasons": run.reasons} for name, run in self.runs.items()},
-            "limits": {"fluid_gpu_hours": self.fluid_gpu_hours},
+            "limits": {"fluid_gpu_hours": self.fluid_gpu_hours,
+                       "offline_optimal_gpu_hours": self.offline.get("gpu_hours"),
+                       "offline_optimal_rescales": self.offline.get("rescales"),
+                       "offline_step_s": self.offline.get("step_s")},
+            "labels": {name: LABELS.get(name, name) for name in self.runs},
             "wall_s": self.wall_s,
         }
 
@@ -350,6 +447,9 @@ def build_policy(name: str, cfg: SimConfig, workload: Workload, forecaster: str 
     ``static`` and ``oracle`` are references, not deployable policies: static is sized
     for the evaluation window's peak, the oracle reads the true future and cluster.
     """
+    if name in VARIANTS:
+        cfg = replace(cfg, **VARIANTS[name])
+        name = name.split("@")[0]
     limits = cfg.limits
     profile = profile_observations(cfg)
     kcfg = replace(kale_config or KaleConfig(), slo_s=cfg.slo_s, rescale_downtime_s=cfg.rescale_downtime_s)
@@ -362,12 +462,13 @@ def build_policy(name: str, cfg: SimConfig, workload: Workload, forecaster: str 
         return make_online_kale(limits, model, profile, kcfg, history=workload.history,
                                 refresh_every_s=900.0 if heavy else None, retrain_every_s=86400.0 if heavy else None)
     if name == "hpa":
-        return HPAPolicy(limits)
+        return HPAPolicy(limits, HPAConfig(metric_window_s=cfg.hpa_window_s))
     if name == "keda":
         per_worker = float(np.mean(profile[1][profile[0] == profile[0].min()]) / profile[0].min())
         return KEDAPolicy(limits, KEDAConfig(lag_threshold=per_worker * cfg.keda_lag_threshold_s))
     if name == "autopilot":
-        return AutopilotPolicy(limits)
+        return AutopilotPolicy(limits, AutopilotConfig(margin=cfg.autopilot_margin,
+                                                       percentile=cfg.autopilot_percentile))
     if name == "static":
         peak = float(workload.arrivals.max()) / cfg.tick_s
         return StaticPolicy(limits.clamp(cfg.cluster.workers_for(peak, limits.upper)))
@@ -375,13 +476,14 @@ def build_policy(name: str, cfg: SimConfig, workload: Workload, forecaster: str 
         source = OracleForecastSource(workload.start_s, cfg.tick_s, workload.arrivals / cfg.tick_s)
         capacity = KnownCapacity(cfg.cluster.capacity_table(limits.upper))
         return KalePolicy(limits, source, capacity, kcfg, name="oracle")
-    raise SimulationError(f"unknown policy {name!r}; choose from {', '.join(ALL_POLICIES)}")
+    raise SimulationError(f"unknown policy {name!r}; choose from {', '.join(ALL_POLICIES + tuple(VARIANTS))}")
 
 
 def simulate(trace: Trace, policies=ALL_POLICIES, cfg: SimConfig | None = None, forecaster: str = "seasonal",
              forecaster_kwargs: dict | None = None, progress: bool = False,
-             kale_config: KaleConfig | None = None) -> SimulationResult:
-    """Run the protocol for several policies on one trace."""
+             kale_config: KaleConfig | None = None, offline: bool = True) -> SimulationResult:
+    """Run the protocol for several policies (names of ``ALL_POLICIES`` or ``VARIANTS``) on
+    one trace; ``offline`` adds the offline optimum to the limits."""
     cfg = cfg or SimConfig()
     started = time.perf_counter()
     workload = build_workload(trace, cfg)
@@ -396,11 +498,26 @@ def simulate(trace: Trace, policies=ALL_POLICIES, cfg: SimConfig | None = None, 
     runs = {}
     for name in policies:
         policy = build_policy(name, cfg, workload, forecaster, forecaster_kwargs, kale_config)
+        policy.name = name
         shards = None
         if cfg.shard_skew is not None:
             shards = ShardModel(zipf_shares(cfg.shard_partitions, cfg.shard_skew, cfg.seed + 2), cfg.shard_assignment)
         runs[name] = run_policy(policy, workload, cfg, noise, initial, bar, shards)
     if bar is not None:
         bar.close()
+    offline = offline_optimum(workload.arrivals, cfg, initial) if offline else {}
     return SimulationResult(trace.name, cfg, workload, runs, fluid_gpu_hours(workload.arrivals, cfg), forecaster,
-                            time.perf_counter() - started)
+                            time.perf_counter() - started, offline)
+
+
+def best_variant(policies: dict, base: str, slo_rate: float, slack: float = 0.01) -> str | None:
+    """The best variant of baseline ``base`` among ``policies`` (name -> metrics): lowest
+    GPU-hours among its variants whose SLO violation rate is within ``slack`` (1 point) of
+    ``slo_rate``; with none that close, the one with the lowest violation rate."""
+    names = [n for n in policies if n == base or n.startswith(base + "@")]
+    if not names:
+        return None
+    close = [n for n in names if policies[n]["slo_violation_rate"] <= slo_rate + slack]
+    if close:
+        return min(close, key=lambda n: policies[n]["gpu_hours"])
+    return min(names, key=lambda n: (policies[n]["slo_violation_rate"], policies[n]["gpu_hours"]))

@@ -47,18 +47,33 @@ def _features(n: np.ndarray, k: int) -> np.ndarray:
     return np.stack(cols[:k], axis=-1)
 
 
+CLUSTER_KINDS = ("amdahl", "saturating", "comm")
+
+
 @dataclass(frozen=True)
 class ClusterModel:
-    """True throughput of n workers: ``c(n) = per_worker * n / (1 + serial_fraction * (n - 1))``.
+    """True throughput of n workers (samples/s), one of three families (``kind``):
 
-    Defaults: 1,000 samples/s per worker and a 1 % serial fraction, so 32 workers
-    reach 24,427 samples/s (76 % efficiency) and 64 reach 39,264 (61 %).
+    - ``amdahl`` (default): ``c(n) = per_worker * n / (1 + serial_fraction * (n - 1))``;
+      1,000 samples/s per worker and a 1 % serial fraction give 24,427 samples/s at 32
+      workers (76 % efficiency) and 39,264 at 64 (61 %). Exactly Kale's model family.
+    - ``saturating``: the Amdahl curve under a hard ceiling ``ceiling`` (a shared
+      parameter server): ``min(amdahl(n), ceiling)``; 28,000 samples/s is reached at 39
+      workers, and more workers add nothing. Outside Kale's family (a kink).
+    - ``comm``: Amdahl plus an all-reduce cost growing with n^2 in the time per sample,
+      ``1 / c(n) = (1 - s) / (p n) + s / p + comm_quadratic * n^2``; with the default
+      coefficient throughput peaks at 48 workers (24,427 samples/s) and falls beyond
+      (22,830 at 64). Outside Kale's family (no n^2 feature).
+
     ``noise_sd`` is the standard deviation of the per-tick multiplicative noise.
     """
 
     per_worker: float = 1000.0
     serial_fraction: float = 0.01
     noise_sd: float = 0.03
+    kind: str = "amdahl"
+    ceiling: float = 28_000.0
+    comm_quadratic: float = 4.476e-9
 
     def __post_init__(self) -> None:
         if self.per_worker <= 0:
@@ -67,31 +82,66 @@ class ClusterModel:
             raise ValueError(f"serial_fraction must be in [0, 1), got {self.serial_fraction}")
         if self.noise_sd < 0:
             raise ValueError(f"noise_sd must be >= 0, got {self.noise_sd}")
+        if self.kind not in CLUSTER_KINDS:
+            raise ValueError(f"unknown cluster kind {self.kind!r}; choose from {', '.join(CLUSTER_KINDS)}")
+        if self.ceiling <= 0 or self.comm_quadratic < 0:
+            raise ValueError("ceiling must be > 0 and comm_quadratic >= 0")
 
-    def capacity(self, n: float) -> float:
-        """Mean samples/s of n workers (n may be fractional)."""
-        return self.per_worker * n / (1.0 + self.serial_fraction * (n - 1.0))
+    def capacity(self, n):
+        """Mean samples/s of n workers (n may be fractional or an array)."""
+        p, s = self.per_worker, self.serial_fraction
+        amdahl = p * n / (1.0 + s * (n - 1.0))
+        if self.kind == "saturating":
+            return np.minimum(amdahl, self.ceiling) if isinstance(n, np.ndarray) else min(amdahl, self.ceiling)
+        if self.kind == "comm":
+            return 1.0 / (1.0 / amdahl + self.comm_quadratic * n * n)
+        return amdahl
 
-    def workers_for_fractional(self, rate: np.ndarray | float) -> np.ndarray:
-        """Exact (fractional) workers whose mean capacity equals ``rate``; inf if unreachable."""
+    def peak_workers(self, max_workers: int) -> int:
+        """Fewest whole workers (<= max_workers) reaching the highest mean throughput."""
+        table = self.capacity_table(max_workers)
+        return int(np.argmax(table[1:] >= table[1:].max() * (1 - 1e-12))) + 1
+
+    def workers_for_fractional(self, rate: np.ndarray | float, max_workers: int = 64) -> np.ndarray:
+        """Exact (fractional) workers whose mean capacity equals ``rate``; inf if no count up
+        to the curve's peak (within ``max_workers``) reaches it."""
         r = np.asarray(rate, dtype=float)
-        s, p = self.serial_fraction, self.per_worker
-        denom = p - s * r
-        with np.errstate(divide="ignore", invalid="ignore"):
-            n = np.where(denom > 0, r * (1.0 - s) / denom, np.inf)
-        return n
+        if self.kind == "amdahl":
+            s, p = self.serial_fraction, self.per_worker
+            denom = p - s * r
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return np.where(denom > 0, r * (1.0 - s) / denom, np.inf)
+        peak = self.peak_workers(max_workers)
+        grid = np.linspace(1e-6, peak, int(peak * 200) + 1)
+        cap = self.capacity(grid)
+        n = np.interp(r, cap, grid)
+        return np.where(r <= cap[-1] * (1 + 1e-12), n, np.inf)
 
     def workers_for(self, rate: float, max_workers: int) -> int:
-        """Fewest whole workers whose mean capacity covers ``rate`` (``max_workers`` if none)."""
-        n = float(self.workers_for_fractional(rate))
-        if not math.isfinite(n):
-            return max_workers
-        return int(min(max(1, math.ceil(n - 1e-9)), max_workers))
+        """Fewest whole workers whose mean capacity covers ``rate``; the peak count (never a
+        count where throughput falls) if none does."""
+        table = self.capacity_table(max_workers)
+        idx = np.flatnonzero(table[1:] >= rate - 1e-9)
+        if idx.size == 0:
+            return self.peak_workers(max_workers)
+        return int(idx[0]) + 1
 
     def capacity_table(self, max_workers: int) -> np.ndarray:
         """``table[n]`` = mean capacity of n workers, n = 0..max_workers (lower bound = mean)."""
         n = np.arange(max_workers + 1, dtype=float)
         return np.concatenate([[0.0], self.capacity(n[1:])])
+
+
+def cluster_preset(kind: str) -> tuple[ClusterModel, tuple[int, ...], float | None]:
+    """(true cluster, profiled worker counts, profiling noise sd or None for the cluster's)
+    for ``kale simulate --cluster``. The default Amdahl cluster is profiled at 1-64
+    workers with the per-tick noise; the misspecified ones only at 1-16 workers with 5 %
+    noise, so Kale must extrapolate a curve outside its family."""
+    if kind == "amdahl":
+        return ClusterModel(), (1, 2, 4, 8, 16, 32, 64), None
+    if kind in CLUSTER_KINDS:
+        return ClusterModel(kind=kind), (1, 2, 4, 8, 16), 0.05
+    raise ValueError(f"unknown cluster {kind!r}; choose from {', '.join(CLUSTER_KINDS)}")
 
 
 @dataclass(frozen=True)
@@ -227,6 +277,47 @@ def workers_for_rate(capacity_table, rate: float) -> int:
     """
     idx = bisect_left(capacity_table, rate, 1)
     return min(idx, len(capacity_table) - 1)
+
+
+def peak_cut(mean_table, observed: dict | None = None, drop: float = 0.005,
+             min_gain: float = 0.02) -> int:
+    """The largest worker count worth running: the peak of the mean curve ``mean_table``
+    (index = workers), or earlier the first count whose marginal gain falls below
+    ``min_gain`` of the one-worker throughput (extra workers there buy nothing); with
+    ``observed`` (per worker count, the mean measured samples/s or ``(mean, standard
+    error)``) also the best measured count when a larger measured count did worse by more
+    than ``drop`` and two standard errors (the curve falls there, whatever the fit says)."""
+    t = np.asarray(mean_table, dtype=float)
+    if t.size <= 2:
+        return max(t.size - 1, 1)
+    body = t[1:]
+    cut = int(np.argmax(body)) + 1
+    gain = np.diff(body) / max(body[0], 1e-12)
+    flat = np.flatnonzero(gain < min_gain)
+    if flat.size:
+        cut = min(cut, int(flat[0]) + 1)
+    if observed:
+        counts = sorted(c for c in observed if 1 <= c < t.size)
+        if counts:
+            stats = [observed[c] if isinstance(observed[c], tuple) else (observed[c], 0.0) for c in counts]
+            means = np.asarray([m for m, _ in stats])
+            ses = np.asarray([e for _, e in stats])
+            best = int(np.argmax(means))
+            # Significantly worse: below the best by more than `drop` and two standard errors.
+            margin = np.maximum(means[best] * drop, 2 * np.sqrt(ses[best] ** 2 + ses ** 2))
+            if (means[best + 1:] < means[best] - margin[best + 1:]).any():
+                cut = min(cut, counts[best])
+    return cut
+
+
+def guarded(capacity_table, cut: int | None = None) -> list[float]:
+    """``capacity_table`` up to worker count ``cut`` (default: its own peak), made monotone:
+    ``workers_for_rate`` on it answers at most ``cut``, so a policy never scales into the
+    region where throughput stops rising or falls."""
+    t = np.asarray(capacity_table, dtype=float)
+    if cut is None:
+        cut = peak_cut(t, min_gain=0.0)
+    return monotone(t[: max(1, cut) + 1])
 
 
 def monotone(capacity_table: np.ndarray) -> list[float]:

@@ -11,9 +11,20 @@ Choices (all derived from the history's step, none per trace):
 - **epochs** are chosen for about ``target_steps`` optimizer steps (10 to 100 epochs),
   so short coarse histories are not under-trained and long fine ones stay fast;
 - **seasonality**: daily always, weekly from 14 days of history on; no yearly;
+- **no trend** (``growth="off"``): the AR lags carry the level, so a level shift moves
+  the forecast's level within the lag window and a multi-day surge cannot be extrapolated
+  into a runaway slope;
+- **log target**: the model learns ``log1p(count)`` with NeuralProphet's Huber loss, so
+  one burst is a bounded excursion, not a squared error that dominates the fit;
+  quantiles are invariant under the monotone transform, so ``expm1`` of a log quantile
+  is the quantile of the count;
 - **quantiles**: the point forecast is the median (``q50``); upper quantiles come from
-  NeuralProphet's quantile regression, then are conformalized (CQR) on the last
-  ``calibration_days`` of in-sample fits so their coverage matches their level;
+  NeuralProphet's quantile regression, then are conformalized (CQR, like
+  NeuralProphet's ``conformal_predict(method="cqr")``) on **held-out** data: the model
+  trains on all but the last ``calibration_days`` and the conformity scores come from
+  its rolling forecasts through them, per horizon step on the log scale
+  (``calibration_days=0`` trains on everything and skips this; the ``auto`` roster
+  calibrates its own choice);
 - CPU trainer, no progress bars, seeded (``seed``).
 
 NeuralProphet 0.9.0 quirks handled here: ``neuralprophet.load`` calls ``torch.load``
@@ -31,7 +42,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kale_airflow.core.forecast import ForecasterBase, ForecastError, quantile_column, series_step_s
+from kale_airflow.core.forecast import (
+    ForecasterBase,
+    ForecastError,
+    conformal_offsets,
+    quantile_column,
+    series_step_s,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +74,7 @@ class NeuralProphetForecaster(ForecasterBase):
     target_steps: int = 1000
     learning_rate: float = 0.01
     batch_size: int = 128
-    calibration_days: float = 7.0
+    calibration_days: float = 2.0
     seed: int = 0
     name: str = "neuralprophet"
     _model: object = field(default=None, repr=False)
@@ -81,7 +98,7 @@ class NeuralProphetForecaster(ForecasterBase):
         s = history.astype(float)
         if res > step:
             s = s.resample(pd.Timedelta(seconds=res), origin="epoch").mean().dropna()
-        return pd.DataFrame({"ds": s.index, "y": s.to_numpy()}), step
+        return pd.DataFrame({"ds": s.index, "y": np.log1p(s.to_numpy())}), step
 
     def _new_model(self, days: float):
         _quiet()
@@ -93,6 +110,7 @@ class NeuralProphetForecaster(ForecasterBase):
         return NeuralProphet(
             n_lags=self._lags,
             n_forecasts=self._n_forecasts,
+            growth="off",
             daily_seasonality=True,
             weekly_seasonality=days >= 14,
             yearly_seasonality=False,
@@ -123,7 +141,9 @@ class NeuralProphetForecaster(ForecasterBase):
         df, step = self._to_model_frame(history)
         self._res = max(step, self.min_resolution_s)
         self._lags = max(12, int(round(self.lags_s / self._res)))
-        self._n_forecasts = max(1, int(np.ceil(self.horizon_s / self._res)))
+        # One more bin when bins are coarser than the data: a history that ends inside a bin
+        # is forecast from the last complete bin, which starts up to a bin earlier.
+        self._n_forecasts = max(1, int(np.ceil(self.horizon_s / self._res))) + (1 if self._res > step else 0)
         days = len(df) * self._res / 86400
         if len(df) < self._lags + self._n_forecasts + int(86400 / self._res):
             raise ForecastError(
@@ -132,33 +152,37 @@ class NeuralProphetForecaster(ForecasterBase):
             )
         if np.ptp(df["y"].to_numpy()) == 0:
             raise ForecastError("history is constant; there is nothing for NeuralProphet to learn")
-        batches = max(1, int(np.ceil(len(df) / self.batch_size)))
+        # Held out for calibration: calibration_days, at most a quarter of the history.
+        cal = min(int(round(self.calibration_days * 86400 / self._res)), len(df) // 4)
+        train = df.iloc[:-cal] if cal > 0 else df
+        batches = max(1, int(np.ceil(len(train) / self.batch_size)))
         self._epochs = self.epochs or int(np.clip(round(self.target_steps / batches), 10, 100))
-        self._model = self._new_model(days)
+        self._model = self._new_model(len(train) * self._res / 86400)
         _quiet()
-        self._model.fit(df, freq=f"{int(self._res)}s", progress=None, minimal=True)
+        self._model.fit(train, freq=f"{int(self._res)}s", progress=None, minimal=True)
         self._step = step
         self._history = history.iloc[-int(np.ceil((self._lags + 1) * self._res / step)) - 1:]
-        self._calibrate(df)
+        self._calibrate(df, len(df) - cal)
         return self
 
-    def _calibrate(self, df: pd.DataFrame) -> None:
-        """Conformalized quantile regression on the last calibration days (in-sample)."""
+    def _calibrate(self, df: pd.DataFrame, first: int) -> None:
+        """Conformalized quantile regression on the held-out rows ``df[first:]`` (log scale)."""
         self._shift = {}
-        n = int(self.calibration_days * 86400 / self._res)
-        origins = range(max(self._lags, len(df) - n), len(df) - self._n_forecasts + 1, max(1, self._n_forecasts // 2))
-        scores: dict[str, list] = {quantile_column(q): [] for q in self.quantiles if q != 0.5}
+        origins = range(max(self._lags, first), len(df) - 1, max(1, self._n_forecasts // 2))
+        upper = [q for q in self.quantiles if q != 0.5]
+        scores: dict[str, list] = {quantile_column(q): [] for q in upper}
+        y = df["y"].to_numpy()
         for o in origins:
             fc = self._raw_forecast(df.iloc[:o])
-            actual = df["y"].to_numpy()[o:o + self._n_forecasts]
+            actual = y[o:o + self._n_forecasts]
             for col in scores:
-                scores[col].append(actual - fc[col].to_numpy()[: len(actual)])
-        for q in self.quantiles:
+                e = np.full(self._n_forecasts, np.nan)
+                e[: len(actual)] = actual - fc[col].to_numpy()[: len(actual)]
+                scores[col].append(e)
+        for q in upper:
             col = quantile_column(q)
-            if col in scores and scores[col]:
-                s = np.concatenate(scores[col])
-                level = min(1.0, np.ceil((len(s) + 1) * q) / len(s))  # finite-sample CQR level
-                self._shift[col] = float(np.quantile(s, level))
+            if scores[col]:
+                self._shift[col] = conformal_offsets(np.array(scores[col]), (q,), self._n_forecasts)[0]
 
     def forecast(self, history: pd.Series, horizon: int) -> pd.DataFrame:
         """Forecast ``horizon`` native steps after ``history`` with the trained weights."""
@@ -167,7 +191,7 @@ class NeuralProphetForecaster(ForecasterBase):
         step = series_step_s(history)
         if step != self._step:
             raise ForecastError(f"history step {step:g} s differs from the training step {self._step:g} s")
-        if horizon * step > self._n_forecasts * self._res:
+        if horizon * step > np.ceil(self.horizon_s / self._res) * self._res:
             raise ForecastError(
                 f"horizon {horizon * step / 3600:.2f} h exceeds the trained horizon {self.horizon_s / 3600:.2f} h; "
                 "refit with a larger horizon_s"
@@ -181,8 +205,8 @@ class NeuralProphetForecaster(ForecasterBase):
             raise ForecastError(f"forecasting needs the last {self.lags_s / 3600:g} h of history")
         raw = self._raw_forecast(df)
         for col, shift in self._shift.items():
-            raw[col] = raw[col] + shift
-        raw = raw.clip(lower=0.0)
+            raw[col] = raw[col] + shift[: len(raw)]
+        raw = np.expm1(raw).clip(lower=0.0)
         raw["q50"] = raw["mean"]
         # Back onto the native grid: each native step takes its bin's value.
         index = pd.date_range(history.index[-1] + pd.Timedelta(seconds=step), periods=horizon,

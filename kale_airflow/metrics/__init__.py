@@ -1,1 +1,1 @@
-"""Where traffic, lag and throughput history come from (embedded store; Prometheus later)."""
+"""Where traffic, lag and throughput history come from (the embedded store, or Prometheus)."""

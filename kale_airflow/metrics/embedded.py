@@ -144,8 +144,19 @@ class EmbeddedMetrics:
         return pd.DataFrame(rows, columns=["ts", "workers", "rate"])
 
 
-def open_metrics(source: str, url: str | Path) -> EmbeddedMetrics:
-    """The metrics source named in configuration (``embedded``: the control-plane database at ``url``)."""
+def open_metrics(source: str, url: str | Path, **options):
+    """The metrics source named in configuration (``KALE_METRICS_SOURCE``):
+
+    - ``embedded``: the control-plane database at ``url``;
+    - ``prometheus``: PromQL over the HTTP API of ``KALE_PROMETHEUS_URL`` (``url`` is then
+      unused); ``options`` (e.g. ``queries={...}``, ``topic=...``, ``traffic_step_s=...``)
+      go to :class:`~kale_airflow.metrics.prometheus.PrometheusOptions`, and
+      ``KALE_PROMETHEUS_QUERIES`` overrides queries by name.
+    """
     if source == "embedded":
         return EmbeddedMetrics(url)
-    raise MetricsError(f"unknown metrics source {source!r}; available: embedded")
+    if source == "prometheus":
+        from kale_airflow.metrics.prometheus import open_prometheus
+
+        return open_prometheus(options.pop("prometheus_url", None), **options)
+    raise MetricsError(f"unknown metrics source {source!r}; available: embedded, prometheus")

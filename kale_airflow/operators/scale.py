@@ -16,16 +16,34 @@ class ScaleWorkersOperator(BaseOperator):
     returned ``{"generation", "workers"}`` is the conf of the training DAG run that the
     next task triggers. Idempotent: a decision whose target equals the running generation's
     size, or that was already applied, starts nothing (``{"skip": true}``).
+
+    Shadow mode (the decision says ``shadow``, the ``shadow`` argument is true, or the
+    deployment's ``shadow`` switch is on; an explicit ``shadow=False`` turns it off for
+    this task) starts and stops nothing: ``{"skip": true, "shadow": true, ...}``.
     """
 
-    template_fields: Sequence[str] = ("decision",)
+    template_fields: Sequence[str] = ("decision", "shadow")
 
-    def __init__(self, *, decision, **kwargs):
+    def __init__(self, *, decision, shadow: bool | str | None = None, **kwargs):
         super().__init__(**kwargs)
         self.decision = decision
+        self.shadow = shadow
 
     def execute(self, context) -> dict:
         from kale_airflow.config import load_config
         from kale_airflow.control.generations import Generations
+        from kale_airflow.control.shadow import as_flag
+        from kale_airflow.operators.failures import fail_fast
 
-        return Generations(load_config(), logger=self.log).apply(dict(self.decision), context["run_id"])
+        with fail_fast():  # a broken deployment file is not retried
+            config = load_config()
+        decision = dict(self.decision)
+        shadow = as_flag(self.shadow)
+        if shadow is None:
+            shadow = bool(decision.get("shadow", config.deployment.shadow))
+        if shadow:
+            self.log.info("shadow mode: Kale would go %s -> %s (%s); nothing started or stopped",
+                          decision.get("current"), decision.get("workers"), decision.get("reason"))
+            return {"skip": True, "shadow": True, "current": decision.get("current"),
+                    "workers": decision.get("workers"), "reason": decision.get("reason")}
+        return Generations(config, logger=self.log).apply(decision, context["run_id"])

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from kale_airflow.config import Settings
-from kale_airflow.core.backtest import evaluate, split
+from kale_airflow.core.backtest import evaluate, selection_of, split
 from kale_airflow.core.forecast import ForecastError, get_forecaster, quantile_column
 from kale_airflow.core.traffic import BUNDLED_TRACE, TraceError, load_trace
 from kale_airflow.metrics.embedded import MetricsError, open_metrics
@@ -66,7 +66,12 @@ def validate_traffic(path: str, horizon_minutes: float, test_days: float) -> dic
 def train_and_backtest(settings: Settings, run_id: str, path: str, forecaster: str, horizon_minutes: float,
                        test_days: float, options: dict | None = None, source: str = "observed") -> dict:
     """Train the challenger (``forecaster`` built with ``options``) before the test window;
-    backtest it and the champion on that window."""
+    backtest it and the champion on that window.
+
+    With ``auto`` the training itself backtests the roster on the last days before the test
+    window and keeps the winner; ``selected`` and every candidate's scores there join the
+    summary (``candidate.<name>.<score>`` metrics, logged to the run and written into the
+    version's description by the review)."""
     from kale_airflow.forecasting.persist import save_forecaster
     from kale_airflow.registry.mlflow_registry import (
         CHAMPION,
@@ -87,6 +92,9 @@ def train_and_backtest(settings: Settings, run_id: str, path: str, forecaster: s
     fit_seconds = time.perf_counter() - t0
     result = evaluate(series, model, horizon, first_origin=cut, stride=horizon)
     metrics = result.metrics | {"fit_seconds": fit_seconds}
+    selection = selection_of(model)
+    for cand, scores in selection.get("candidates", {}).items():
+        metrics |= {f"candidate.{cand}.{k}": v for k, v in scores.items() if isinstance(v, (int, float))}
     out = settings.run_dir(run_id)
     save_forecaster(model, out / "forecaster")
     plot_backtest(result, out / "backtest.png")
@@ -108,6 +116,7 @@ def train_and_backtest(settings: Settings, run_id: str, path: str, forecaster: s
         "train_end": str(series.index[cut - 1]),
         "data_hash": data_hash(series.iloc[start:cut]),
         "forecaster": forecaster,
+        "selected": selection.get("selected"),
         "options": options or {},
         "traffic_source": source,
         "horizon_steps": horizon,
@@ -129,6 +138,7 @@ def register_forecaster(settings: Settings, run_id: str, summary: dict) -> dict:
                                "train_start": summary["train_start"], "train_end": summary["train_end"],
                                "data_hash": summary["data_hash"], "airflow_run_id": run_id,
                                "traffic_source": summary.get("traffic_source", "observed")}
+                              | ({"selected": summary["selected"]} if summary.get("selected") else {})
                               | {f"option.{k}": v for k, v in summary.get("options", {}).items()})
             mlflow.log_metrics({k: v for k, v in summary["metrics"].items() if isinstance(v, (int, float))})
             mlflow.log_artifact(summary["plot"])
@@ -138,6 +148,8 @@ def register_forecaster(settings: Settings, run_id: str, summary: dict) -> dict:
                                                                    summary["horizon_steps"]))
         version = register(client, FORECASTER_MODEL, run.info.run_id, "model",
                            "Traffic forecaster for kale-airflow (samples per step; mean and quantiles).")
+        if summary.get("selected"):
+            client.set_model_version_tag(FORECASTER_MODEL, version, "kale.selected", summary["selected"])
     return {"run_id": run.info.run_id, "version": version}
 
 

@@ -97,6 +97,19 @@ def check_reachable(uri: str) -> None:
         ) from exc
 
 
+def _resolve(uri: str) -> str:
+    """A ``kale_mlflow`` connection reference becomes its tracking URI (others pass through)."""
+    from kale_airflow.registry.connection import CONN_PREFIX, resolve_uri
+
+    if not uri.startswith(CONN_PREFIX):
+        return uri
+    try:
+        return resolve_uri(uri)
+    except Exception as exc:
+        raise RegistryUnavailable(f"MLflow connection {uri[len(CONN_PREFIX):]!r} (KALE_MLFLOW_CONN_ID) cannot be "
+                                  f"read: {type(exc).__name__}: {str(exc)[:200]}. {NOTHING_CHANGED}") from exc
+
+
 @functools.lru_cache(maxsize=16)
 def _client(uri: str):
     from mlflow.tracking import MlflowClient
@@ -106,7 +119,9 @@ def _client(uri: str):
 
 def registry_client(uri: str):
     """The cached ``MlflowClient`` for ``uri`` (tracking and registry), after a fast reachability
-    check. Uses no MLflow global, so it is safe from any thread."""
+    check. Uses no MLflow global, so it is safe from any thread. ``uri`` may name a
+    ``kale_mlflow`` Airflow connection (``KALE_MLFLOW_CONN_ID``; see :mod:`.connection`)."""
+    uri = _resolve(uri)
     check_reachable(uri)
     try:
         return _client(uri)
@@ -127,6 +142,7 @@ def mlflow_at(uri: str, artifact_root: str | None = None):
 
     Not for threads of shared processes: use :func:`registry_client` there.
     """
+    uri = _resolve(uri)
     import mlflow
     from mlflow.tracking import _model_registry, _tracking_service, fluent
 
@@ -247,6 +263,7 @@ def load_version(name: str, version: str, uri: str):
     import mlflow.artifacts
     import mlflow.pyfunc
 
+    uri = _resolve(uri)
     client = registry_client(uri)
     try:
         # Not ``models:/name/version``: MLflow resolves that through its global registry URI.

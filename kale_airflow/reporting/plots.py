@@ -39,34 +39,82 @@ def save_figure(fig, path: str | Path) -> Path:
     return path
 
 
-def plot_simulation(result, path: str | Path, points: int = 3000) -> Path:
-    """Traffic vs capacity, workers and freshness lag over time, one line per policy."""
+def _label(result, name: str) -> str:
+    return "clairvoyant Kale" if name == "oracle" else name
+
+
+def _color(name: str) -> str | None:
+    return COLORS.get(name.split("@")[0])
+
+
+def plot_simulation(result, path: str | Path, points: int = 1500) -> Path:
+    """Small multiples a reader can compare: one row per policy on shared axes, with
+    traffic against the policy's capacity and the ticks over the SLO marked, over the
+    whole window (left) and zoomed on the busiest day (right); below, a bar chart of the
+    ratios against HPA and clairvoyant Kale (lag, downtime, GPU-hours) and each policy's
+    SLO violation rate."""
     plt = _pyplot()
     cfg, w = result.config, result.workload
-    days = np.arange(len(w.arrivals)) * cfg.tick_s / 86400
-    t = _blocks(days, points, "mean")
-    fig, axes = plt.subplots(3, 1, figsize=(13, 9), sharex=True, constrained_layout=True)
-    ax = axes[0]
-    ax.fill_between(t, _blocks(w.arrivals / cfg.tick_s, points, "mean"), color="lightsteelblue", label="arrivals")
-    for name, run in result.runs.items():
-        cap = run.capacity * 0 + cfg.cluster.capacity_table(cfg.max_workers)[np.minimum(run.workers, cfg.max_workers)]
-        ax.plot(t, _blocks(cap, points, "mean"), lw=0.8, color=COLORS.get(name), label=name)
-    ax.set_ylabel("samples/s")
-    ax.set_title(f"{result.trace}: traffic vs capacity ({result.forecaster} forecaster)")
-    ax.legend(ncol=7, fontsize=8, loc="upper left")
-    ax = axes[1]
-    for name, run in result.runs.items():
-        ax.plot(t, _blocks(run.workers.astype(float), points, "mean"), lw=0.8, color=COLORS.get(name), label=name)
-    ax.set_ylabel("GPU workers")
-    ax = axes[2]
-    for name, run in result.runs.items():
-        ax.plot(t, _blocks(run.freshness, points, "max"), lw=0.8, color=COLORS.get(name), label=name)
-    ax.axhline(cfg.slo_s, color="crimson", ls="--", lw=1, label=f"SLO {cfg.slo_s:g}s")
-    ax.set_yscale("symlog", linthresh=10)
-    ax.set_ylim(bottom=0)
-    ax.set_ylabel("freshness lag (s)")
-    ax.set_xlabel("days since evaluation start")
-    ax.legend(fontsize=8, loc="upper left")
+    names = list(result.runs)
+    rates = w.arrivals / cfg.tick_s
+    per_day = int(round(86400 / cfg.tick_s))
+    days = np.arange(len(rates)) / per_day
+    # The busiest day: the day (from midnight of the evaluation) with the largest peak rate.
+    n_days = max(1, len(rates) // per_day)
+    day = int(np.argmax([rates[i * per_day:(i + 1) * per_day].max() for i in range(n_days)]))
+    zoom = slice(day * per_day, min((day + 1) * per_day, len(rates)))
+    table = cfg.cluster.capacity_table(cfg.max_workers)
+    fig = plt.figure(figsize=(15, 2.0 * len(names) + 4.5), constrained_layout=True)
+    grid = fig.add_gridspec(len(names) + 1, 2, width_ratios=(2.2, 1), height_ratios=[1] * len(names) + [1.8])
+    # Shared y axis up to the largest capacity any policy ran (a rare spike above it is clipped).
+    top = max(float(np.percentile(rates, 99.9)),
+              max(table[np.minimum(r.workers, cfg.max_workers)].max() for r in result.runs.values()))
+    first = None
+    for i, name in enumerate(names):
+        run = result.runs[name]
+        cap = table[np.minimum(run.workers, cfg.max_workers)]
+        m = run.metrics
+        for j, (sl, npts) in enumerate(((slice(None), points), (zoom, per_day))):
+            ax = fig.add_subplot(grid[i, j], sharey=first)
+            first = first or ax
+            t = _blocks(days[sl], npts, "mean")
+            ax.fill_between(t, _blocks(rates[sl], npts, "max"), color="lightsteelblue", lw=0, label="arrivals")
+            ax.plot(t, _blocks(cap[sl], npts, "mean"), color=_color(name) or "tab:green", lw=0.9,
+                    label="capacity of its workers")
+            bad = _blocks((run.freshness[sl] > cfg.slo_s).astype(float), npts, "max") > 0
+            ax.plot(t[bad], np.full(bad.sum(), top * 1.02), "|", color="crimson", ms=6, label="freshness > SLO")
+            ax.set_ylim(0, top * 1.08)
+            ax.set_xlim(t[0], t[-1])
+            ax.tick_params(labelsize=7)
+            if j == 0:
+                ax.set_ylabel(_label(result, name), fontsize=9)
+                ax.set_title(f"{_label(result, name)}: {m['gpu_hours']:.0f} GPU-h, {m['rescales']} rescales, "
+                             f"SLO viol. {m['slo_violation_rate']:.2%}", fontsize=8, loc="left")
+            elif i == 0:
+                ax.set_title(f"busiest day (day {day})", fontsize=9)
+            if i == 0 and j == 0:
+                ax.legend(fontsize=7, loc="upper right", ncol=3)
+            if i == len(names) - 1:
+                ax.set_xlabel("days since evaluation start", fontsize=8)
+    ax = fig.add_subplot(grid[len(names), :])
+    pols = result.runs
+    refs = [r for r in ("hpa", "oracle") if r in pols]
+    bars = []
+    for ref in refs:
+        for key, label in (("accumulated_lag", "lag"), ("downtime_s", "downtime"), ("gpu_hours", "GPU-h")):
+            bars.append((f"{label} / {_label(result, ref)}", key, ref))
+    width = 0.8 / max(1, len(names))
+    x = np.arange(len(bars))
+    for i, name in enumerate(names):
+        m = pols[name].metrics
+        vals = [m[key] / pols[ref].metrics[key] if pols[ref].metrics[key] else np.nan for _, key, ref in bars]
+        ax.bar(x + (i - len(names) / 2 + 0.5) * width, vals, width, color=_color(name), label=_label(result, name))
+    ax.axhline(1.0, color="black", lw=0.6)
+    ax.set_xticks(x, [b[0] for b in bars], fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("ratio (log)")
+    ax.legend(fontsize=7, ncol=len(names), loc="upper left")
+    ax.set_title(f"{result.trace}: ratios ({result.forecaster} forecaster)", fontsize=9)
     return save_figure(fig, path)
 
 

@@ -25,6 +25,13 @@ from datetime import timedelta
 from kale_airflow.config import KubernetesWorkerConfig
 
 CHECKPOINT_MOUNT = "/checkpoints"
+# The ranks of a generation's job meet at rank 0's pod: rank 0 publishes its pod IP (POD_IP_ENV,
+# from the downward API) and this port in the control-plane database, which every pod can
+# already read; no Service and no extra Kubernetes API call (the chart's Role is unchanged).
+RENDEZVOUS_PORT = 29500
+RENDEZVOUS = f"control-plane:{RENDEZVOUS_PORT}"
+POD_IP_ENV = "KALE_POD_IP"
+METRICS_PORT = 9400
 
 
 def label_value(text: str) -> str:
@@ -62,6 +69,9 @@ def pod_kwargs(cfg: KubernetesWorkerConfig) -> dict:
         volume_mounts=[k8s.V1VolumeMount(name="checkpoints", mount_path=CHECKPOINT_MOUNT),
                        k8s.V1VolumeMount(name="tmp", mount_path="/tmp")],
         env_vars=[k8s.V1EnvVar(name="HOME", value="/tmp"),
+                  k8s.V1EnvVar(name="KALE_METRICS_PORT", value=str(METRICS_PORT)),
+                  k8s.V1EnvVar(name=POD_IP_ENV, value_from=k8s.V1EnvVarSource(
+                      field_ref=k8s.V1ObjectFieldSelector(field_path="status.podIP"))),
                   k8s.V1EnvVar(name=DATABASE_URL_ENV, value_from=k8s.V1EnvVarSource(
                       secret_key_ref=k8s.V1SecretKeySelector(name=cfg.database_secret, key=cfg.database_secret_key)))],
         security_context=k8s.V1PodSecurityContext(run_as_non_root=True, run_as_user=cfg.run_as_user,
@@ -69,6 +79,9 @@ def pod_kwargs(cfg: KubernetesWorkerConfig) -> dict:
         container_security_context=k8s.V1SecurityContext(
             allow_privilege_escalation=False, read_only_root_filesystem=True,
             capabilities=k8s.V1Capabilities(drop=["ALL"]), seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault")),
+        # /metrics of each worker (runtime/exposition.py), scraped by the chart's PodMonitor or by annotation
+        ports=[k8s.V1ContainerPort(name="metrics", container_port=METRICS_PORT)],
+        annotations={"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT)},
         service_account_name=cfg.service_account,
         termination_grace_period=cfg.grace_period_s,
         kubernetes_conn_id=cfg.kubernetes_conn_id,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
+from kale_airflow.control.shadow import as_flag
+
 
 class ScalingSensor(BaseSensorOperator):
     """Completes with the decision (XCom) when the stabilized decision differs from the
@@ -11,23 +13,30 @@ class ScalingSensor(BaseSensorOperator):
     each poke is one observation and decision. ``max_polls`` bounds one deferral; the
     sensor then completes with a hold so the next DAG run continues (state persists)."""
 
-    template_fields = ("poll_interval_s", "max_polls")
+    template_fields = ("poll_interval_s", "max_polls", "shadow")
 
     def __init__(self, *, poll_interval_s: float | str = 15.0, max_polls: int | str = 240, deferrable: bool = True,
-                 **kwargs):
+                 shadow: bool | str | None = None, **kwargs):
         # poll_interval_s may be a template (rendered at run time); the poke interval needs a number now.
         kwargs.setdefault("poke_interval", poll_interval_s if isinstance(poll_interval_s, (int, float)) else 15.0)
         super().__init__(**kwargs)
         self.poll_interval_s = poll_interval_s
         self.max_polls = max_polls
         self.deferrable = deferrable
+        self.shadow = shadow  # None or "None": as configured; may be a template ("{{ params.shadow }}")
         self._autoscaler = None
 
     def execute(self, context):
+        from kale_airflow.config import load_config
+        from kale_airflow.operators.failures import fail_fast
+
+        with fail_fast():  # a broken deployment file fails here, once, not in the triggerer with retries
+            load_config()
         if self.deferrable:
             from kale_airflow.triggers.scaling import ScalingTrigger
 
-            self.defer(trigger=ScalingTrigger(float(self.poll_interval_s), int(self.max_polls)),
+            self.defer(trigger=ScalingTrigger(float(self.poll_interval_s), int(self.max_polls),
+                                              as_flag(self.shadow)),
                        method_name="execute_complete")
         return super().execute(context)
 
@@ -35,13 +44,14 @@ class ScalingSensor(BaseSensorOperator):
         if self._autoscaler is None:
             from kale_airflow.control.autoscaler import Autoscaler
 
-            self._autoscaler = Autoscaler.from_environment()
+            self._autoscaler = Autoscaler.from_environment(as_flag(self.shadow))
         decision, obs = self._autoscaler.poke()
         done = decision.workers != obs.workers
         return PokeReturnValue(done, {"status": "scale" if done else "hold", "current": obs.workers,
-                                      **decision.to_dict()})
+                                      "shadow": self._autoscaler.shadow, **decision.to_dict()})
 
     def execute_complete(self, context, event: dict) -> dict:
-        self.log.info("decision: %s -> %s (%s): %s", event["current"], event["workers"], event["reason"],
-                      event["message"])
+        self.log.info("%sdecision: %s -> %s (%s): %s", "shadow " if event.get("shadow") else "", event["current"],
+                      event["workers"], event["reason"], event["message"])
         return event
+

@@ -12,27 +12,33 @@ class ScalingTrigger(BaseTrigger):
     """Every ``poll_interval_s``, observe and decide; fire when the decided worker count
     differs from the running one, or after ``max_polls`` with the last hold.
 
+    ``shadow`` (None: as configured) decides and records without ever applying; the
+    event then says ``"shadow": true`` and the scale task starts nothing.
+
     Serializes primitives only (the triggerer rebuilds it from this dict)."""
 
-    def __init__(self, poll_interval_s: float = 15.0, max_polls: int = 240):
+    def __init__(self, poll_interval_s: float = 15.0, max_polls: int = 240, shadow: bool | None = None):
         super().__init__()
         self.poll_interval_s = float(poll_interval_s)
         self.max_polls = int(max_polls)
+        self.shadow = None if shadow is None else bool(shadow)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return ("kale_airflow.triggers.scaling.ScalingTrigger",
-                {"poll_interval_s": self.poll_interval_s, "max_polls": self.max_polls})
+                {"poll_interval_s": self.poll_interval_s, "max_polls": self.max_polls, "shadow": self.shadow})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from kale_airflow.control.autoscaler import Autoscaler
 
-        autoscaler = await asyncio.to_thread(Autoscaler.from_environment)
+        autoscaler = await asyncio.to_thread(Autoscaler.from_environment, self.shadow)
         decision = obs = None
         for i in range(self.max_polls):
             decision, obs = await asyncio.to_thread(autoscaler.poke)
             if decision.workers != obs.workers:
-                yield TriggerEvent({"status": "scale", "current": obs.workers, **decision.to_dict()})
+                yield TriggerEvent({"status": "scale", "current": obs.workers, "shadow": autoscaler.shadow,
+                                    **decision.to_dict()})
                 return
             if i + 1 < self.max_polls:
                 await asyncio.sleep(self.poll_interval_s)
-        yield TriggerEvent({"status": "hold", "current": obs.workers, **decision.to_dict()})
+        yield TriggerEvent({"status": "hold", "current": obs.workers, "shadow": autoscaler.shadow,
+                            **decision.to_dict()})

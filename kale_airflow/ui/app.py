@@ -32,7 +32,27 @@ def _state(limit: int = 500) -> dict:
     from kale_airflow.config import settings
 
     store = _store()
-    return {"decisions": store.decisions(limit), "current": store.current(), "models": _models(settings())}
+    return {"decisions": store.decisions(limit), "current": store.current(), "models": _models(settings()),
+            "shadow": _shadow(store)}
+
+
+def _shadow(store) -> dict | None:
+    """Shadow mode: Kale's decisions against the worker counts that actually ran, with the
+    GPU-hours and the (fluid-model) freshness each had or would have had; None without
+    shadow decisions."""
+    from kale_airflow.config import ConfigError, load_config
+    from kale_airflow.control.shadow import SHADOW_WINDOW, compare
+
+    rows = [d for d in store.decisions(SHADOW_WINDOW) if d.get("shadow")]
+    if not rows:
+        return None
+    try:
+        dep = load_config().deployment
+        gpus = dep.kubernetes.gpus_per_worker if dep.worker_backend == "kubernetes" else 1
+        poll, slo = dep.poll_interval_s, dep.slo_s
+    except ConfigError:
+        gpus, poll, slo = 1, 15.0, None
+    return compare(rows, gpus, poll, slo) | {"on": bool(rows[-1].get("shadow")), "gpus_per_worker": gpus}
 
 
 def _models(cfg) -> list[dict]:
@@ -86,6 +106,25 @@ def _link(m: dict) -> str:
     return f'<a href="{html.escape(m["url"])}">v{html.escape(m["version"])}</a>'
 
 
+def _num(value, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _shadow_html(sh: dict | None) -> str:
+    if not sh or not sh.get("ran"):
+        return ""
+    rows = "".join(
+        f"<tr><td>{who}</td><td>{_num(side['gpu_hours'], '{:.3f}')}</td><td>{_num(side['mean_workers'], '{:.2f}')}</td>"
+        f"<td>{side['worker_changes']}</td><td>{_num(side.get('max_lag_s'), '{:.0f} s')}</td>"
+        f"<td>{_num(side.get('slo_violation_rate'), '{:.1%}')}</td></tr>"
+        for who, side in (("ran (autoscaler in charge)", sh["ran"]), ("Kale (shadow, not applied)", sh["kale"])))
+    return (f"<h2>Shadow mode</h2><p>{'On' if sh['on'] else 'Was on'}: Kale decides and records, never applies. "
+            f"{sh['decisions']} decisions over {sh['hours']:.2f} h; Kale agreed with the running count "
+            f"{_num(sh['agreement'], '{:.0%}')} of the time. Freshness is a fluid-model estimate on the observed "
+            f"traffic.</p><table><tr><th></th><th>GPU-hours</th><th>mean workers</th><th>changes</th>"
+            f"<th>est. max freshness lag</th><th>est. SLO violations</th></tr>{rows}</table>")
+
+
 @app.get("/", response_class=HTMLResponse)
 def page() -> str:
     """The Kale page."""
@@ -93,7 +132,8 @@ def page() -> str:
     cur = s["current"] or {}
     rows = "".join(
         f"<tr class='{'change' if d['target'] != d['workers'] else ''}'><td>{time.strftime('%H:%M:%S', time.localtime(d['ts']))}</td>"
-        f"<td>{d['workers']}</td><td>{d['target']}</td><td><code>{html.escape(d['reason'])}</code></td>"
+        f"<td>{d['workers']}</td><td>{d['target']}</td><td><code>{html.escape(d['reason'])}</code>"
+        f"{' <em>shadow: not applied</em>' if d.get('applied') is False else ''}</td>"
         f"<td>{html.escape(d['message'])}</td></tr>"
         for d in reversed(s["decisions"][-40:]))
     models = "".join(
@@ -108,6 +148,7 @@ td,th{{border-bottom:1px solid #ddd;padding:4px 8px;text-align:left}} tr.change{
 <div class="card">Workers<br><b>{cur.get('workers', 0)}</b></div>
 <div class="card">Decisions recorded<br><b>{len(s['decisions'])}</b></div></div>
 <img src="plot.png" alt="forecast vs actual traffic and workers" style="max-width:100%">
+{_shadow_html(s["shadow"])}
 <h2>Models</h2><table><tr><th>model</th><th>alias</th><th>version (MLflow)</th><th>review</th></tr>{models}</table>
-<h2>Decisions</h2><table><tr><th>time</th><th>workers</th><th>decided</th><th>reason</th><th>why</th></tr>{rows}</table>
+<h2>Decisions</h2><table><tr><th>time</th><th>workers (ran)</th><th>decided</th><th>reason</th><th>why</th></tr>{rows}</table>
 </body></html>"""

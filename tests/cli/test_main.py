@@ -15,8 +15,10 @@ KALE = Path(sys.executable).parent / "kale"
 
 def test_help_documents_every_option():
     out = subprocess.run([str(KALE), "simulate", "--help"], capture_output=True, text=True, check=True).stdout
-    for opt in ("--trace", "--policies", "--forecaster", "--slo-seconds", "--json", "--plot", "--days"):
+    for opt in ("--trace", "--policies", "--forecaster", "--slo-seconds", "--json", "--plot", "--days", "--cluster",
+                "--hpa-window-s", "--keda-lag-threshold-s", "--autopilot-margin", "--autopilot-percentile"):
         assert opt in out
+    assert "clairvoyant Kale" in out
 
 
 @pytest.mark.slow
@@ -26,13 +28,15 @@ def test_simulate_on_the_bundled_trace_writes_json_and_plot(tmp_path):
          "--no-progress"],
         capture_output=True, text=True, check=True,
     )
-    assert "lag/HPA" in out.stdout and "fluid bound" in out.stdout
+    assert "lag/HPA" in out.stdout and "fluid bound" in out.stdout and "offline optimum" in out.stdout
+    assert "clairvoyant Kale" in out.stdout and "\noracle " not in out.stdout
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["trace"] == "nyc_taxi_30min"
     assert set(doc["policies"]) == {"kale", "hpa", "keda", "autopilot", "static", "oracle"}
     keys = {"accumulated_lag", "mean_wait_s", "downtime_s", "slo_violation_rate", "gpu_hours", "rescales"}
     assert all(keys <= set(m) for m in doc["policies"].values())
     assert doc["limits"]["fluid_gpu_hours"] > 0
+    assert doc["limits"]["fluid_gpu_hours"] <= doc["limits"]["offline_optimal_gpu_hours"]
     assert doc["config"]["slo_s"] == 300
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -59,3 +63,18 @@ def test_bad_trace_gets_a_clear_error_and_exit_2(tmp_path, capsys):
 def test_unknown_policy_is_a_usage_error():
     proc = subprocess.run([str(KALE), "simulate", "--policies", "kale,vpa"], capture_output=True, text=True)
     assert proc.returncode == 2 and "unknown policy" in proc.stderr
+
+
+def test_baseline_settings_and_a_misspecified_cluster_reach_the_run(tmp_path):
+    trace = tmp_path / "t.csv"
+    daily_series(days=16).to_frame().to_csv(trace, index_label="timestamp")
+    rc = main(["simulate", "--trace", str(trace), "--policies", "kale,hpa,hpa@120s,keda,autopilot", "--days", "1",
+               "--cluster", "comm", "--hpa-window-s", "60", "--keda-lag-threshold-s", "10", "--autopilot-margin", "0",
+               "--autopilot-percentile", "0.9", "--json", str(tmp_path / "o.json"), "--no-progress"])
+    assert rc == 0
+    doc = json.loads((tmp_path / "o.json").read_text())
+    c = doc["config"]
+    assert c["cluster"]["kind"] == "comm" and c["profile_workers"] == [1, 2, 4, 8, 16]
+    assert (c["hpa_window_s"], c["keda_lag_threshold_s"], c["autopilot_margin"], c["autopilot_percentile"]) == \
+        (60, 10, 0, 0.9)
+    assert set(doc["policies"]) == {"kale", "hpa", "hpa@120s", "keda", "autopilot"}

@@ -65,3 +65,14 @@ def test_evaluate_refuses_a_forecaster_that_misdates_its_output():
     f = Shifted().fit(s.iloc[:-288])
     with pytest.raises(ForecastError, match="do not follow the history"):
         evaluate(s, f, 6, first_origin=len(s) - 288)
+
+
+def test_a_forecaster_that_chooses_reports_selected_and_its_candidates():
+    class Choosing(SeasonalNaiveForecaster):
+        def summary(self):
+            return {"selected": "seasonal", "candidates": {"seasonal": {"mase": 0.5}}, "weights": {}}
+
+    s = daily_series(days=10, noise=0.05)
+    m = backtest(s, Choosing(), 12, test_days=2).metrics
+    assert m["selected"] == "seasonal" and m["candidates"] == {"seasonal": {"mase": 0.5}}
+    assert "selected" not in backtest(s, SeasonalNaiveForecaster(), 12, test_days=2).metrics

@@ -11,6 +11,7 @@ from kale_airflow.core.forecast import (
     ForecasterBase,
     ForecastError,
     SeasonalNaiveForecaster,
+    conformal_offsets,
     forecaster_names,
     get_forecaster,
     register_forecaster,
@@ -151,3 +152,22 @@ def test_forecast_from_follows_the_declaration(daily):
 def test_predict_before_fit_is_refused():
     with pytest.raises(ForecastError, match="call fit"):
         SeasonalNaiveForecaster().predict(3)
+
+
+def test_the_roster_and_its_members_are_registered_lazily():
+    assert {"auto", "mstl", "neuralprophet", "seasonal"} <= set(forecaster_names())
+
+
+def test_conformal_offsets_take_the_finite_sample_level_per_step_and_extend():
+    rng = np.random.default_rng(0)
+    errors = np.column_stack([rng.normal(0, 1, 400), rng.normal(0, 3, 400), np.full(400, np.nan)])
+    errors[:, 2] = rng.normal(0, 3, 400)
+    errors[::2, 2] = np.nan  # steps near the end of the window have fewer actuals
+    offs = conformal_offsets(errors, (0.5, 0.9), horizon=5)
+    assert offs.shape == (2, 5)
+    assert abs(offs[0, 0]) < 0.5 and 1.0 < offs[1, 0] < offs[1, 1]  # the pooled first step is tighter
+    assert offs[1, 3] == offs[1, 4] == offs[1, 2]                     # beyond the errors: the last step's
+    # With n errors the 0.9 offset is the ceil((n + 1) 0.9)-th smallest: never below the plain quantile.
+    one = np.arange(1.0, 11.0)[:, None]
+    assert conformal_offsets(one, (0.9,))[0, 0] == 10.0
+    assert (conformal_offsets(np.full((3, 2), np.nan), (0.9,)) == 0).all()

@@ -9,6 +9,9 @@ import pytest
 from kale_airflow.core.policies import Decision, Reason, StaticPolicy
 from kale_airflow.core.simulator import (
     ALL_POLICIES,
+    VARIANTS,
+    best_variant,
+    offline_optimum,
     SimConfig,
     SimulationError,
     Workload,
@@ -18,7 +21,7 @@ from kale_airflow.core.simulator import (
     run_policy,
     simulate,
 )
-from kale_airflow.core.throughput import ClusterModel
+from kale_airflow.core.throughput import ClusterModel, cluster_preset
 from kale_airflow.core.traffic import load_trace
 from tests.conftest import daily_series
 
@@ -71,10 +74,37 @@ def test_a_rescale_pauses_training_and_holds_max_gpus():
     m = run.metrics
     assert m["rescales"] == 1 and m["downtime_s"] == 90
     assert list(run.workers[:8]) == [4, 8, 8, 8, 8, 8, 8, 8]  # change at tick 1: 6 ticks of 8 held
-    # Backlog builds for 90 s, then drains; samples are conserved.
+    # Backlog builds for 90 s, then drains.
     assert run.backlog[6] == pytest.approx(15_000 * 6)
-    processed = sum(arrivals) - run.backlog[-1]
-    assert processed <= sum(arrivals) and run.backlog[-1] == pytest.approx(0)
+    assert run.backlog[-1] == pytest.approx(0)
+
+
+def expected_backlog(arrivals, counts, cfg, noise):
+    """Backlog per tick from first principles: B_k = max(0, B_(k-1) + a_k - c(n_k) * noise_k * up_k),
+    where up_k is the tick's training time left after the rescale pause (a test oracle)."""
+    backlog, b, n, down = [], 0.0, counts[0], 0.0
+    for k, a in enumerate(arrivals):
+        want = counts[min(k, len(counts) - 1)]
+        if want != n:
+            n, down = want, cfg.rescale_downtime_s
+        paused = min(down, cfg.tick_s)
+        down -= paused
+        b = max(0.0, b + a - cfg.cluster.capacity(n) * noise[k] * (cfg.tick_s - paused))
+        backlog.append(b)
+    return np.asarray(backlog)
+
+
+def test_samples_are_conserved_tick_by_tick():
+    """Every tick: backlog after = backlog before + arrivals - processed, processed at most
+    what the running workers can do outside the pause. Losing or inventing samples fails."""
+    rng = np.random.default_rng(7)
+    arrivals = rng.uniform(0, 40_000, 120)
+    counts = [3] * 10 + [6] * 30 + [2] * 40 + [5] * 40
+    noise = rng.uniform(0.9, 1.1, 120)
+    cfg = replace(CFG, rescale_downtime_s=40)
+    run = run_policy(Script(counts), workload(arrivals), cfg, noise, 3)
+    np.testing.assert_allclose(run.backlog, expected_backlog(arrivals, counts, cfg, noise), rtol=1e-9, atol=1e-6)
+    assert run.backlog.max() > 0 and run.metrics["rescales"] == 3  # the case exercises queueing and pauses
 
 
 def test_fifo_freshness_lag_matches_brute_force():
@@ -108,36 +138,68 @@ def test_policies_see_metrics_of_the_past_tick_only():
     assert rates == [None, 100.0, 200.0, 300.0]
 
 
-def runs_with_changed_future(trace, name):
-    """(run on the trace, run with arrivals tripled from the middle on, index of the change)."""
+def runs_with_changed_future(trace, name, policy_factory=None):
+    """(run on the trace, run with arrivals tripled from tick k on, k, events up to tick k).
+
+    ``policy_factory(name, workload)`` builds the policy (default: the simulator's)."""
+    factory = policy_factory or (lambda n, w: build_policy(n, CFG, w))
     w1 = build_workload(trace, CFG)
     k = len(w1.arrivals) // 2
     w2 = build_workload(trace, CFG)
     w2.arrivals = w1.arrivals.copy()
     w2.arrivals[k:] *= 3.0
     noise = np.ones(len(w1.arrivals))
-    r1 = run_policy(build_policy(name, CFG, w1), w1, CFG, noise, 8)
-    r2 = run_policy(build_policy(name, CFG, w2), w2, CFG, noise, 8)
+    r1 = run_policy(factory(name, w1), w1, CFG, noise, 8)
+    r2 = run_policy(factory(name, w2), w2, CFG, noise, 8)
     cut = w1.start_s + k * CFG.tick_s
-    before = [[e for e in r.rescale_events if e["t"] < cut] for r in (r1, r2)]
-    return r1, r2, k, before
+    # The decision at tick k is taken before tick k runs: it may use ticks < k only.
+    upto = [[e for e in r.rescale_events if e["t"] <= cut] for r in (r1, r2)]
+    return r1, r2, k, upto
+
+
+def decided_alike_through_tick_k(r1, r2, k, upto) -> bool:
+    """Same decisions up to and including the one taken at tick k, and the same workers
+    during tick k (which that decision sets)."""
+    return upto[0] == upto[1] and np.array_equal(r1.workers[:k + 1], r2.workers[:k + 1])
 
 
 @pytest.mark.parametrize("name", ["kale", "hpa", "keda", "autopilot"])
 def test_no_policy_sees_the_future(trace, name):
-    """Changing arrivals after tick K changes no decision before K, for every online policy.
+    """Changing arrivals from tick k on changes no decision up to the one taken at tick k
+    (which must not see tick k's own arrivals), for every online policy.
 
     Static (sized for the window's peak) and the oracle (reads the true future) are
     references, not online policies."""
-    r1, r2, k, before = runs_with_changed_future(trace, name)
-    assert before[0] == before[1]
-    np.testing.assert_array_equal(r1.workers[:k], r2.workers[:k])
+    r1, r2, k, upto = runs_with_changed_future(trace, name)
+    assert decided_alike_through_tick_k(r1, r2, k, upto)
     assert r1.rescale_events != r2.rescale_events, f"{name} ignored the change"
 
 
+class PeeksAtTheCurrentTick:
+    """A cheating policy: at each decision it reads the arrivals of the tick about to run
+    and scales to 64 workers when they exceed the previous tick's by half (a test input)."""
+
+    name, interval_s = "peeker", 15.0
+
+    def __init__(self, workload):
+        self.w, self.k = workload, 0
+
+    def decide(self, obs):
+        k, self.k = self.k, self.k + 1
+        now, prev = self.w.arrivals[k], self.w.arrivals[max(k - 1, 0)]
+        return Decision(64 if now > 1.5 * prev else obs.workers, Reason.HOLD)
+
+
+def test_the_no_peeking_check_catches_a_policy_reading_the_current_tick(trace):
+    r1, r2, k, upto = runs_with_changed_future(trace, "peeker", lambda n, w: PeeksAtTheCurrentTick(w))
+    assert not decided_alike_through_tick_k(r1, r2, k, upto)
+    # The old check (ticks before k only) would have let it pass.
+    assert np.array_equal(r1.workers[:k], r2.workers[:k])
+
+
 def test_the_oracle_does_see_the_future(trace):
-    *_, before = runs_with_changed_future(trace, "oracle")
-    assert before[0] != before[1]
+    *_, upto = runs_with_changed_future(trace, "oracle")
+    assert upto[0] != upto[1]
 
 
 def test_fluid_bound_is_a_lower_bound(trace):
@@ -172,3 +234,60 @@ def test_too_short_for_history_is_refused(trace):
 def test_unknown_policy_is_refused(trace):
     with pytest.raises(SimulationError, match="unknown policy 'vpa'"):
         simulate(trace, ("vpa",), CFG)
+
+
+def test_offline_optimum_on_a_step_change_pays_one_rescale_and_the_fewest_workers():
+    cfg = replace(CFG, cluster=ClusterModel(per_worker=1000, serial_fraction=0.0, noise_sd=0.0))
+    # 1 h at 3,000 samples/s then 1 h at 9,000: 3 then 9 workers (10 during the rescale's step
+    # would not be cheaper), with the rescale step losing 90 s of capacity: 9 * 210 >= 9,000 * 300? No:
+    # the move must happen one step early at 9 workers (9 * 210 s >= 3,000 * 300).
+    arrivals = np.r_[np.full(240, 3000.0 * 15), np.full(240, 9000.0 * 15)]
+    off = offline_optimum(arrivals, cfg, 3)
+    assert off["rescales"] == 1
+    expected = (3 * 3300 + 9 * 300 + 9 * 3600) / 3600  # 11 steps at 3, the moving step at 9, then 12 at 9
+    assert off["gpu_hours"] == pytest.approx(expected)
+    assert off["gpu_hours"] >= fluid_gpu_hours(arrivals, cfg)
+
+
+def test_offline_optimum_is_reported_and_below_clairvoyant_kale(trace):
+    doc = simulate(trace, ("oracle", "static"), CFG).to_dict()
+    off = doc["limits"]["offline_optimal_gpu_hours"]
+    assert doc["limits"]["fluid_gpu_hours"] <= off <= doc["policies"]["oracle"]["gpu_hours"]
+    assert doc["labels"]["oracle"] == "clairvoyant Kale"
+
+
+def test_variants_run_under_their_own_names_with_their_settings(trace):
+    w = build_workload(trace, CFG)
+    assert build_policy("hpa@120s", CFG, w).config.metric_window_s == 120
+    assert build_policy("autopilot@p90+5%", CFG, w).config.percentile == 0.90
+    r = simulate(trace, ("hpa", "hpa@120s"), CFG, offline=False)
+    assert set(r.runs) == {"hpa", "hpa@120s"} and r.runs["hpa@120s"].name == "hpa@120s"
+    assert r.runs["hpa"].metrics != r.runs["hpa@120s"].metrics
+    assert set(VARIANTS) >= {"hpa@60s", "keda@10s", "keda@30s"}
+
+
+def test_best_variant_is_the_cheapest_within_one_point_of_kale():
+    p = {"hpa": {"slo_violation_rate": 0.020, "gpu_hours": 80},
+         "hpa@60s": {"slo_violation_rate": 0.012, "gpu_hours": 100},
+         "hpa@120s": {"slo_violation_rate": 0.001, "gpu_hours": 120},
+         "autopilot": {"slo_violation_rate": 0.05, "gpu_hours": 50}}
+    assert best_variant(p, "hpa", 0.005) == "hpa@60s"      # hpa itself is 1.5 pt above: out
+    assert best_variant(p, "hpa", 0.0) == "hpa@120s"
+    assert best_variant(p, "autopilot", 0.0) == "autopilot"  # none close: the lowest violation rate
+    assert best_variant(p, "keda", 0.0) is None
+
+
+def test_kale_never_scales_into_the_falling_region_of_a_comm_cluster(trace):
+    cluster, pw, noise = cluster_preset("comm")
+    cfg = replace(CFG, cluster=cluster, profile_workers=pw, profile_noise_sd=noise)
+    r = simulate(trace, ("kale", "oracle"), cfg, offline=False)
+    peak = cluster.peak_workers(64)
+    assert r.runs["oracle"].workers.max() <= peak  # it knows the curve
+    # Kale, profiled at 1-16 workers only, may overshoot the peak once before it has measured
+    # the fall; after measuring it, never again.
+    above = r.runs["kale"].workers > peak
+    assert above.mean() < 0.1
+    if above.any():
+        left = np.flatnonzero(above)[-1]
+        first_exit = np.flatnonzero(np.diff(above.astype(int)) == -1)
+        assert first_exit.size == 0 or left <= first_exit[0]

@@ -1,7 +1,15 @@
 import numpy as np
 import pytest
 
-from kale_airflow.core.throughput import ClusterModel, ThroughputModel, ThroughputModelError, monotone, workers_for_rate
+from kale_airflow.core.throughput import (
+    ClusterModel,
+    ThroughputModel,
+    ThroughputModelError,
+    guarded,
+    monotone,
+    peak_cut,
+    workers_for_rate,
+)
 
 
 def noisy_obs(model: ClusterModel, counts, per_count=30, sd=0.03, seed=0):
@@ -89,3 +97,48 @@ def test_cluster_model_inverse_matches_forward():
     for n in (1.0, 7.5, 64.0):
         assert float(c.workers_for_fractional(c.capacity(n))) == pytest.approx(n)
     assert c.workers_for(c.capacity(10) + 1, 64) == 11
+
+
+def test_misspecified_clusters_have_the_documented_shapes():
+    sat, comm = ClusterModel(kind="saturating"), ClusterModel(kind="comm")
+    assert sat.capacity(64) == sat.capacity(39) == 28_000 and sat.peak_workers(64) == 39
+    assert comm.peak_workers(64) == 48 and comm.capacity(64) < comm.capacity(48) * 0.95
+    # Inversions never answer a count past the peak, whatever the rate.
+    assert comm.workers_for(1e9, 64) == 48 and sat.workers_for(1e9, 64) == 39
+    n = comm.workers_for_fractional([comm.capacity(20.0), 1e9], 64)
+    assert n[0] == pytest.approx(20.0, abs=0.01) and np.isinf(n[1])
+    with pytest.raises(ValueError, match="unknown cluster kind"):
+        ClusterModel(kind="magic")
+
+
+def test_peak_cut_stops_at_the_fitted_peak_and_at_a_measured_fall():
+    comm = ClusterModel(kind="comm")
+    assert peak_cut(comm.capacity_table(64), min_gain=0.0) == 48
+    assert 40 <= peak_cut(comm.capacity_table(64)) <= 48  # the last workers before the peak gain < 2 %
+    amdahl = ClusterModel()
+    assert peak_cut(amdahl.capacity_table(64)) == 64
+    # The fit says "keep rising", but 32 workers measured less than 16: the wall is at 16.
+    measured = {8: 7_500.0, 16: 14_000.0, 32: 12_000.0}
+    assert peak_cut(amdahl.capacity_table(64), measured) == 16
+    # A flat region (gain under 2 % of one worker) is cut too.
+    assert peak_cut(ClusterModel(kind="saturating").capacity_table(64)) <= 39
+
+
+def test_guarded_table_never_sizes_into_the_falling_region():
+    comm = ClusterModel(kind="comm")
+    table = guarded(comm.capacity_table(64))
+    assert len(table) == 49
+    assert workers_for_rate(table, 1e9) == 48
+    assert workers_for_rate(table, comm.capacity(10)) == 10
+
+
+def test_an_online_model_profiled_on_1_to_16_never_scales_past_a_comm_peak():
+    from kale_airflow.core.policies.kale import OnlineThroughput
+
+    comm = ClusterModel(kind="comm")
+    src = OnlineThroughput(*noisy_obs(comm, [1, 2, 4, 8, 16], sd=0.05), max_workers=64)
+    # Measurements arrive at larger counts as it scales: throughput falls past 48.
+    for k, n in enumerate([24, 32, 40, 48, 56, 64]):
+        for i in range(8):
+            src.observe(1e5 * k + i, n, float(comm.capacity(n)))
+    assert workers_for_rate(src.table, 1e9) <= 48

@@ -55,3 +55,39 @@ def test_guard_flags_a_dag_that_imports_a_heavy_library(tmp_path):
     result = parse_dags(folder, tmp_path / "home")
     assert "mlflow" in result["heavy"]
     assert any("broken_dag.py" in k for k in result["errors"])
+
+
+NO_VARIABLES = r"""
+import json, sys, warnings
+warnings.simplefilter("ignore")
+import airflow.sdk
+calls = []
+def get(key, *args, **kwargs):
+    calls.append(key)
+    raise AssertionError(f"Variable.get({key!r}) at parse time")
+airflow.sdk.Variable.get = staticmethod(get)
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=sys.argv[1], safe_mode=False)
+print("RESULT" + json.dumps({"calls": calls, "errors": {k: str(v) for k, v in bag.import_errors.items()},
+                             "schedules": {d: str(bag.dags[d].schedule) for d in bag.dag_ids},
+                             "retries": {d: bag.dags[d].default_args.get("retries") for d in bag.dag_ids},
+                             "shadow_param": "shadow" in bag.dags["kale_autoscaler"].params}))
+"""
+
+
+def test_schedules_come_from_the_environment_without_variable_reads(tmp_path):
+    env = {"AIRFLOW_HOME": str(tmp_path), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+           "AIRFLOW__CORE__UNIT_TEST_MODE": "True", "PATH": "/usr/bin:/bin",
+           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{tmp_path}/airflow.db",
+           "AIRFLOW_VAR_KALE_THROUGHPUT_REFIT_SCHEDULE": "@daily"}
+    out = subprocess.run([sys.executable, "-c", NO_VARIABLES, str(DAGS)], capture_output=True, text=True, env=env,
+                         timeout=300)
+    line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT")), None)
+    assert line, out.stdout[-3000:] + out.stderr[-3000:]
+    res = json.loads(line[len("RESULT"):])
+    assert res["calls"] == [] and res["errors"] == {}
+    assert res["schedules"]["kale_throughput_refit"] == "@daily"  # AIRFLOW_VAR_* route
+    assert res["schedules"]["kale_autoscaler"] == "@continuous"  # the default
+    assert res["retries"] == {"kale_autoscaler": 2, "kale_forecaster_retrain": res["retries"]["kale_forecaster_retrain"],
+                              "kale_throughput_refit": 2, "kale_training": 2}
+    assert res["shadow_param"]

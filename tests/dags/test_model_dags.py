@@ -38,15 +38,23 @@ def test_forecaster_retrain_registers_promotes_then_holds_for_review(airflow_hom
     assert "mase" in run_data.metrics and "coverage" in run_data.metrics
     assert "backtest.png" in {a.path for a in client.list_artifacts(v1.run_id)}
 
-    # A NeuralProphet challenger without auto-promotion waits for review; champion unchanged.
-    run = airflow_home.run("kale_forecaster_retrain", {"forecaster": "neuralprophet", "history_days": 7,
-                                                       "auto_promote": False})
+    # An `auto` challenger (the roster, NeuralProphet included) without auto-promotion waits
+    # for review; champion unchanged.
+    run = airflow_home.run("kale_forecaster_retrain", {
+        "forecaster": "auto", "history_days": 7, "auto_promote": False,
+        "forecaster_options": {"member_options": {"neuralprophet": {"epochs": 5}}}})
     assert run.state == "success", run.log[-3000:]
     assert alias_version(uri, FORECASTER_MODEL, "challenger") == "2"
     assert alias_version(uri, FORECASTER_MODEL, "champion") == "1"
     v2 = client.get_model_version(FORECASTER_MODEL, "2")
     assert v2.tags["kale.review"] == "pending"
     assert "champion v1" in v2.description and "challenger mase" in v2.description
+    # Every candidate's held-out scores reach the run and the description; the choice is recorded.
+    run2 = client.get_run(v2.run_id).data
+    roster = ("seasonal", "mstl", "neuralprophet", "ensemble_median", "ensemble_weighted")
+    assert {f"candidate.{c}.mase" for c in roster} <= set(run2.metrics)
+    assert run2.params["selected"] in roster and v2.tags["kale.selected"] == run2.params["selected"]
+    assert all(f"challenger candidate.{c}.mase" in v2.description for c in roster)
 
     # The registered model loads through pyfunc and forecasts after the history it is given.
     import mlflow.pyfunc

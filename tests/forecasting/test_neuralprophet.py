@@ -41,6 +41,8 @@ def test_minute_data_is_forecast_at_five_minute_resolution_and_regridded():
     out = f.predict(10)
     assert len(out) == 10 and out.index.freq == pd.Timedelta(minutes=1)
     assert out["mean"].iloc[:5].nunique() <= 2  # repeated within a 5-minute bin
+    # A history that ends inside a bin still gets the whole trained horizon (3 h).
+    assert len(f.forecast(s.iloc[:-2], 180)) == 180
 
 
 def test_save_and_load_round_trip(fitted, tmp_path):

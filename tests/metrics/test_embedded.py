@@ -90,5 +90,5 @@ def test_partition_rates_answer_the_latest_per_partition(db_url):
 
 
 def test_an_unknown_source_is_named():
-    with pytest.raises(MetricsError, match="unknown metrics source 'prometheus'"):
-        open_metrics("prometheus", "sqlite:///x.db")
+    with pytest.raises(MetricsError, match="unknown metrics source 'graphite'"):
+        open_metrics("graphite", "sqlite:///x.db")

@@ -1,7 +1,9 @@
 """Pod emulation: the worker pods exactly as the kale_training DAG renders them (the real
 KubernetesPodOperator, dry run), their container command run as local processes the way a
-kubelet would (env values and Secret references resolved, volume mounts mapped to local
-folders), against a real PostgreSQL control plane. A rescale supersedes the generation:
+kubelet would (env values, Secret references and the downward API's pod IP resolved, volume
+mounts mapped to local folders), against a real PostgreSQL control plane. Each generation's
+pods are the ranks of one torch.distributed job that meet through the control plane (rank 0
+publishes its pod IP). A rescale supersedes the generation:
 its pods checkpoint and exit 0, report throughput, and the audit log shows that no two
 generations ever trained the same slice at the same time, and no sample was skipped."""
 
@@ -19,7 +21,8 @@ from kale_airflow.control.generations import Generations
 from kale_airflow.core.slices import Slice, slices_for
 from kale_airflow.metrics.embedded import EmbeddedMetrics
 from kale_airflow.operators.worker_pod import WorkerPodOperator, pod_manifest, worker_pods_partial_kwargs
-from kale_airflow.runtime.kubernetes import CHECKPOINT_MOUNT
+from kale_airflow.runtime.kubernetes import CHECKPOINT_MOUNT, RENDEZVOUS
+from kale_airflow.runtime.supervise import free_port
 from kale_airflow.runtime.samples import generate, pack
 from kale_airflow.store import StateStore
 from kale_airflow.stream.embedded import EmbeddedStream
@@ -36,6 +39,9 @@ def kubelet(manifest: dict, secrets: dict, mounts: dict, log, extra_args=()) -> 
     for var in container.get("env", []):
         if "value" in var:
             env[var["name"]] = mounts.get(var["value"], var["value"])
+        elif "fieldRef" in var["valueFrom"]:  # the downward API: this "pod" lives on loopback
+            assert var["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+            env[var["name"]] = "127.0.0.1"
         else:
             ref = var["valueFrom"]["secretKeyRef"]
             env[var["name"]] = secrets[ref["name"]][ref["key"]]
@@ -54,7 +60,7 @@ def wait_for(condition, timeout, what):
 def audit_records(path):
     out = []
     for line in open(path):
-        p, lo, hi, a, b, generation, t0, t1 = line.strip().split(",")
+        p, lo, hi, a, b, generation, t0, t1, *_step_samples_run_rank = line.strip().split(",")
         out.append((Slice(int(p), float(lo), float(hi)), int(a), int(b), generation, float(t0), float(t1)))
     return out
 
@@ -82,13 +88,17 @@ def test_rendered_pods_obey_generations_report_and_never_overlap(deployment):
     audit, log = tmp / "audit.log", open(tmp / "pods.log", "ab")
 
     def start(generation):
+        # The pods rendezvous through the control plane at rank 0's pod IP and RENDEZVOUS_PORT;
+        # here every "pod" shares loopback, so the port is mapped to a free one.
+        mounts = {CHECKPOINT_MOUNT: str(tmp / "ck"), RENDEZVOUS: f"control-plane:{free_port()}"}
         pods = []
         for i, args in enumerate(generations.pod_arguments(generation)):
             op = WorkerPodOperator(**{**worker_pods_partial_kwargs(cfg.deployment), "task_id": f"worker_{i}"},
                                    arguments=args)
             manifest = pod_manifest(op)
             assert db not in str(manifest)  # the URL (and its credentials) only through the Secret
-            pods.append(kubelet(manifest, secrets, {CHECKPOINT_MOUNT: str(tmp / "ck")}, log, ["--audit", str(audit)]))
+            assert RENDEZVOUS in manifest["spec"]["containers"][0]["args"]
+            pods.append(kubelet(manifest, secrets, mounts, log, ["--audit", str(audit)]))
         return pods
 
     g1 = generations.apply({"status": "scale", "current": 0, "workers": 2, "reason": "scale_up_forecast",

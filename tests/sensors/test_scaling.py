@@ -9,6 +9,8 @@ from kale_airflow.sensors.scaling import ScalingSensor
 class FixedAutoscaler:
     """Stands in for the manager: returns one decision (the sensor's own logic is under test)."""
 
+    shadow = False
+
     def __init__(self, running, target, reason):
         self.result = (Decision(target, reason, f"{running} -> {target}"), Observation(0.0, running, 1.0, 0.0, 0.0))
 
@@ -25,10 +27,43 @@ def test_poke_completes_only_on_a_change(running, target, reason, done):
     sensor._autoscaler = FixedAutoscaler(running, target, reason)
     result = sensor.poke({})
     assert result.is_done is done
-    assert result.xcom_value == {"status": "scale" if done else "hold", "current": running, "workers": target,
+    assert result.xcom_value == {"status": "scale" if done else "hold", "current": running, "shadow": False,
+                                 "workers": target,
                                  "reason": reason.value, "message": f"{running} -> {target}"}
 
 
 def test_a_templated_poll_interval_leaves_a_numeric_poke_interval():
     sensor = ScalingSensor(task_id="wait", poll_interval_s="{{ params.poll_interval_s }}")
     assert sensor.poke_interval == 15.0 and sensor.poll_interval_s == "{{ params.poll_interval_s }}"
+
+
+@pytest.mark.parametrize("param, flag", [(None, None), ("None", None), ("", None), ("True", True), ("false", False),
+                                         (True, True)])
+def test_the_shadow_param_reaches_the_trigger(tmp_path, monkeypatch, param, flag):
+    from airflow.sdk.exceptions import TaskDeferred
+
+    monkeypatch.setenv("KALE_HOME", str(tmp_path))
+    monkeypatch.delenv("KALE_CONFIG", raising=False)
+    sensor = ScalingSensor(task_id="wait", poll_interval_s=2, max_polls=3, shadow=param)
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute({})
+    name, kwargs = deferred.value.trigger.serialize()
+    assert name == "kale_airflow.triggers.scaling.ScalingTrigger"
+    assert kwargs == {"poll_interval_s": 2.0, "max_polls": 3, "shadow": flag}
+
+
+def test_a_broken_deployment_file_fails_the_sensor_without_retries(tmp_path, monkeypatch):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    monkeypatch.setenv("KALE_HOME", str(tmp_path))
+    monkeypatch.delenv("KALE_CONFIG", raising=False)
+    (tmp_path / "kale.yaml").write_text("max_workers: eight\n")
+    with pytest.raises(AirflowFailException, match="max_workers"):
+        ScalingSensor(task_id="wait", shadow=None).execute({})
+
+
+def test_a_bad_shadow_value_is_named():
+    from kale_airflow.control.shadow import as_flag
+
+    with pytest.raises(ValueError, match="shadow must be true, false or empty"):
+        as_flag("maybe")

@@ -39,6 +39,7 @@ class HPAConfig:
     scale_up_period_s: float = 15.0
     scale_down_percent: float = 100.0
     scale_down_period_s: float = 15.0
+    metric_window_s: float = 15.0  # utilization averaged over this window (e.g. a Prometheus rate)
 
     def __post_init__(self) -> None:
         if not 0 < self.target_utilization <= 1:
@@ -152,6 +153,23 @@ class HPAController:
 
 
 class HPAPolicy(HPAController):
-    """HPA v2 on worker utilization (target 0.7)."""
+    """HPA v2 on worker utilization (target 0.7), the utilization averaged over
+    ``metric_window_s`` (15 s: the last tick only; 60-120 s is typical when GPU metrics
+    come through Prometheus). Ticks without a metric (restarts) are left out of the mean."""
 
     name = "hpa"
+
+    def __init__(self, limits: Limits, config: HPAConfig | None = None):
+        super().__init__(limits, config)
+        self._util: deque[tuple[float, float]] = deque()
+
+    def desired(self, obs: Observation) -> int | None:
+        """Stage 1 on the windowed mean utilization; None when the metric is missing now."""
+        if obs.utilization is None or obs.rescaling:
+            return None
+        cfg, q = self.config, self._util
+        q.append((obs.now_s, obs.utilization))
+        while q[0][0] <= obs.now_s - cfg.metric_window_s + 1e-9:
+            q.popleft()
+        mean = sum(u for _, u in q) / len(q)
+        return replicas_for_utilization(obs.workers, mean, cfg.target_utilization, cfg.tolerance)

@@ -15,8 +15,10 @@ Stages (each a small pure function, tested on its own):
 4. **scale-down stabilization** - the largest ``level`` of the last ``down_window_s``
    must be at least ``down_tolerance`` below the current count, the count must have run
    for ``down_window_s``, *and* the GPU time saved over the look-ahead must beat the
-   downtime cost (``current * downtime_s * downtime_cost_factor``). Missing metrics never
-   scale down;
+   downtime cost (``current * downtime_s * downtime_cost_factor``). After a burst (a count
+   set by an SLO-risk scale-up) the shorter ``burst_down_window_s`` applies once the
+   backlog is drained: fast return, with the same tolerance and cost checks. Missing
+   metrics never scale down;
 5. **clamp** to min/max workers and the partition count.
 
 Workers Pending for lack of capacity (``Observation.ready_workers`` below the count) block
@@ -27,7 +29,9 @@ With no generation running, :meth:`KalePolicy.first_start` runs the stages as if
 
 Inputs are abstract: a :class:`ForecastSource` (online forecaster, or the oracle's true
 future) and a capacity table (a fitted :class:`ThroughputModel`, or the oracle's true
-cluster model).
+cluster model). Both are cut at the count where throughput stops rising
+(:func:`~kale_airflow.core.throughput.peak_cut`), so Kale never asks for workers past a
+throughput peak it has fitted or measured.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ import pandas as pd
 
 from kale_airflow.core.forecast import Forecaster, ForecastError, quantile_column
 from kale_airflow.core.policies.base import Decision, Limits, Observation, Reason
-from kale_airflow.core.throughput import ThroughputModel, ThroughputModelError, monotone, workers_for_rate
+from kale_airflow.core.throughput import ThroughputModel, ThroughputModelError, guarded, peak_cut, workers_for_rate
 
 
 @dataclass(frozen=True)
@@ -52,12 +56,13 @@ class KaleConfig:
     slo_s: float = 300.0
     rescale_downtime_s: float = 90.0
     lookahead_s: float = 3600.0
-    forecast_quantile: float = 0.8
+    forecast_quantile: float = 0.5  # chosen on the first halves of the shared traces (benchmarks/engine.py)
     headroom: float = 0.03
     min_drain_s: float = 60.0
     slo_risk_fraction: float = 0.5
     up_window_s: float = 60.0
     down_window_s: float = 900.0
+    burst_down_window_s: float = 300.0
     down_tolerance: float = 0.10
     downtime_cost_factor: float = 2.0
     fallback_margin: float = 0.20
@@ -72,6 +77,8 @@ class KaleConfig:
             )
         if self.min_drain_s <= 0 or self.slo_s <= 0:
             raise ValueError("min_drain_s and slo_s must be > 0")
+        if self.burst_down_window_s < 0:
+            raise ValueError(f"burst_down_window_s must be >= 0, got {self.burst_down_window_s}")
         if not 0 <= self.down_tolerance < 1:
             raise ValueError(f"down_tolerance must be in [0, 1), got {self.down_tolerance}")
 
@@ -477,6 +484,9 @@ class OracleForecastSource:
         return 0.0
 
 
+MIN_OBSERVED = 4  # measurements before a worker count's mean counts for the peak guard
+
+
 class OnlineThroughput:
     """Keeps (workers, samples/s) observations and refits a :class:`ThroughputModel`."""
 
@@ -489,7 +499,8 @@ class OnlineThroughput:
         self._per_count = per_count
         self._fitted_at = float("-inf")
         self.model: ThroughputModel | None = None
-        self.table: np.ndarray | None = None
+        self.table: list[float] | None = None
+        self.cut: int | None = None
         self.error = ""
         self._refit(0.0)
 
@@ -501,7 +512,13 @@ class OnlineThroughput:
         except ThroughputModelError as exc:
             self.error = str(exc)  # keep the previous model, if any
         else:
-            self.table = monotone(self.model.capacity_table(self.max_workers))
+            # Size on the conservative bound, but never past the count where the fitted mean
+            # curve (or what was measured) stops rising: a throughput peak is a wall.
+            mean = np.concatenate([[0.0], self.model.predict(np.arange(1, self.max_workers + 1))])
+            observed = {k: (float(np.mean(v)), float(np.std(v) / math.sqrt(len(v))))
+                        for k, v in self._obs.items() if len(v) >= MIN_OBSERVED}
+            self.cut = peak_cut(mean, observed)
+            self.table = guarded(self.model.capacity_table(self.max_workers), self.cut)
         self._fitted_at = now_s
 
     def observe(self, now_s: float, workers: int, rate: float | None) -> None:
@@ -509,8 +526,11 @@ class OnlineThroughput:
         if rate is None or rate <= 0 or workers < 1:
             return
         new_count = workers not in self._obs
-        self._obs.setdefault(workers, deque(maxlen=self._per_count)).append(rate)
-        if new_count or now_s - self._fitted_at >= self.refit_every_s:
+        seen = self._obs.setdefault(workers, deque(maxlen=self._per_count))
+        seen.append(rate)
+        # Refit on a new count, once it has enough measurements to count as observed (the
+        # peak guard compares measured means), and every refit_every_s.
+        if new_count or len(seen) == MIN_OBSERVED or now_s - self._fitted_at >= self.refit_every_s:
             self._refit(now_s)
 
 
@@ -518,7 +538,7 @@ class KnownCapacity:
     """A fixed capacity table (the oracle's true cluster model)."""
 
     def __init__(self, table: np.ndarray):
-        self.table = monotone(table)
+        self.table = guarded(table)
 
     def observe(self, now_s: float, workers: int, rate: float | None) -> None:
         """Nothing to learn."""
@@ -540,6 +560,9 @@ class KalePolicy:
         if name:
             self.name = name
         self._levels = WindowMax(self.config.down_window_s)  # levels asked for at the current count
+        self._burst_levels = WindowMax(min(self.config.burst_down_window_s, self.config.down_window_s))
+        self._burst = False         # the current count was set by an SLO-risk (burst) scale-up
+        self._changed_by: str | None = None  # reason of the last decision that changed the count
         self._count: int | None = None
         self._count_since: float | None = None
         self._up_since: float | None = None
@@ -548,7 +571,8 @@ class KalePolicy:
         """Stabilization state (and the forecast source's, when it has one), JSON-friendly,
         so a policy can be rebuilt between sensor pokes and DAG runs."""
         state = {"levels": self._levels.state_dict(), "count": self._count, "count_since": self._count_since,
-                 "up_since": self._up_since}
+                 "up_since": self._up_since, "burst_levels": self._burst_levels.state_dict(), "burst": self._burst,
+                 "changed_by": self._changed_by}
         if self.forecast.stateful:
             state["forecast"] = self.forecast.state_dict()
         return state
@@ -556,6 +580,8 @@ class KalePolicy:
     def load_state_dict(self, state: dict) -> None:
         """Inverse of :meth:`state_dict`."""
         self._levels.load_state_dict(state.get("levels", []))
+        self._burst_levels.load_state_dict(state.get("burst_levels", []))
+        self._burst, self._changed_by = bool(state.get("burst", False)), state.get("changed_by")
         self._count, self._count_since, self._up_since = state.get("count"), state.get("count_since"), \
             state.get("up_since")
         if "forecast" in state and self.forecast.stateful:
@@ -585,8 +611,15 @@ class KalePolicy:
         down window (the scale-down target)."""
         if self._count != current:  # a rescale happened: stabilization starts over
             self._count, self._count_since, self._up_since = current, now, None
+            self._burst = self._changed_by == Reason.SCALE_UP_SLO_RISK.value
             self._levels.reset()
+            self._burst_levels.reset()
         target = self._levels.push(now, sizing.level)
+        burst_target = self._burst_levels.push(now, sizing.level)
+        if self._burst:
+            # Fast return after a burst: the burst's count is not a level the forecast asked
+            # for, so the shorter window applies (once the backlog is gone, see decide).
+            target = burst_target
         self._up_since = (self._up_since if self._up_since is not None else now) if sizing.need > current else None
         return target
 
@@ -602,8 +635,14 @@ class KalePolicy:
         target = self._stabilize(now, current, sizing)
         details = sizing.details()
         if sizing.need > current:
-            return scale_up_decision(obs, sizing, held_for(self._up_since, now, cfg.up_window_s), cfg, details)
-        return scale_down_decision(obs, target, held_for(self._count_since, now, cfg.down_window_s), cfg, details)
+            d = scale_up_decision(obs, sizing, held_for(self._up_since, now, cfg.up_window_s), cfg, details)
+        else:
+            drained = not obs.backlog and not obs.freshness_lag_s
+            window = min(cfg.burst_down_window_s, cfg.down_window_s) if self._burst and drained else cfg.down_window_s
+            d = scale_down_decision(obs, target, held_for(self._count_since, now, window), cfg, details)
+        if d.workers != current:
+            self._changed_by = d.reason.value
+        return d
 
     def first_start(self, obs: Observation) -> Decision:
         """Decision when no training generation runs (``obs.workers == 0``).

@@ -105,3 +105,19 @@ def test_hpa_does_not_scale_without_metrics():
     assert (d.workers, d.reason) == (5, Reason.HOLD_MISSING_METRICS)
     d = hpa.decide(Observation(now_s=15, workers=5, utilization=1.0, rescaling=True))
     assert d.reason == Reason.HOLD_MISSING_METRICS
+
+
+def test_metric_window_averages_utilization_and_15s_keeps_the_last_tick():
+    """One spike tick: with the last tick only HPA scales up at once; averaged over 60 s
+    (the spike and three quiet ticks) the mean stays within tolerance of the target."""
+    utils = [0.7, 0.7, 0.7, 0.9]
+    fast, slow = HPAPolicy(Limits(1, 64)), HPAPolicy(Limits(1, 64), HPAConfig(metric_window_s=60.0))
+    for k, u in enumerate(utils):
+        o = Observation(now_s=15.0 * k, workers=10, utilization=u)
+        a, b = fast.decide(o), slow.decide(o)
+    assert a.workers == 13  # ceil(10 * 0.9 / 0.7)
+    assert b.workers == 10  # mean 0.75: ratio 1.07, inside the tolerance
+    # Older ticks leave the window: four more ticks at 0.9 and the mean is 0.9.
+    for k in range(4, 8):
+        b = slow.decide(Observation(now_s=15.0 * k, workers=10, utilization=0.9))
+    assert b.workers == 13

@@ -1,5 +1,6 @@
 """The Kale policy: each stage on its own (tables), then scenarios through ``decide``."""
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -230,6 +231,35 @@ def test_online_source_sees_only_completed_bins_and_forecasts_ahead():
     assert source == "forecast" and upper == pytest.approx(truth, rel=1e-6)
 
 
+def test_online_source_forecast_at_t_is_the_same_whatever_the_future():
+    """Two sources see the same past and different futures (one 10x from tick k on): every
+    forecast made up to and including tick k's decision is identical, and the change does
+    reach the forecast once its bins have closed (so the test can tell)."""
+    s = daily_series(days=15, noise=0.1, seed=3) * 100
+    start = s.index[-288].value / 1e9
+    rates = np.repeat(s.iloc[-288:].to_numpy(), 20)  # 15 s ticks of the held-out day
+    future = rates.copy()
+    k = 400
+    future[k:] *= 10
+    a, b = (OnlineForecastSource(SeasonalNaiveForecaster(), bin_s=300, quantile=0.9) for _ in range(2))
+    for src in (a, b):
+        src.preload(s.iloc[:-288])
+    diverged = False
+    for i in range(k + 200):
+        now = start + 15 * i
+        # At the decision of tick i a source has observed ticks < i (as the simulator feeds it).
+        if i:
+            a.observe(now, float(rates[i - 1]))
+            b.observe(now, float(future[i - 1]))
+        ua, ub = a.upper(now, 3600), b.upper(now, 3600)
+        ra, rb = a.recent_max(now, 300), b.recent_max(now, 300)
+        if i <= k:
+            assert ua == ub and ra == rb, f"tick {i}: the forecast depends on tick >= {k}"
+        else:
+            diverged |= ua != ub
+    assert diverged
+
+
 def test_online_source_reports_a_failing_forecaster():
     class Broken(SeasonalNaiveForecaster):
         def fit_values(self, *a, **k):
@@ -421,3 +451,29 @@ def test_policy_state_includes_the_source_state_only_when_it_is_stateful():
     r = KalePolicy(Limits(1, 64), oracle, cap, CFG)
     assert "forecast" not in r.state_dict()
     r.load_state_dict(state)  # a stateless source ignores a saved forecast
+
+
+def test_after_a_burst_kale_returns_within_the_short_window_once_drained():
+    """A burst (SLO risk) scales up at once; once the backlog is drained and the forecast is
+    back, the burst's count goes after burst_down_window_s (5 min), not down_window_s."""
+    p = kale(lambda t: 5_000.0)
+    n = CLUSTER.workers_for(5_150, 64)
+    d = p.decide(obs(0, n, rate=5_000, backlog=3_000_000, fresh=200))
+    assert d.reason == Reason.SCALE_UP_SLO_RISK and d.workers > n
+    big = d.workers
+    t, first_down = 15, None
+    while t < 1200 and first_down is None:
+        drained = t >= 120
+        d = p.decide(obs(t, big, rate=5_000, backlog=0.0 if drained else 1e5, fresh=0.0 if drained else 30))
+        if d.reason == Reason.SCALE_DOWN_FORECAST:
+            first_down = t
+        t += 15
+    assert first_down is not None and 300 <= first_down < 900
+    assert d.workers == n
+
+
+def test_a_forecast_scale_up_keeps_the_full_down_window():
+    p = kale(lambda t: 20_000.0 if t < 600 else 5_000.0)
+    n = CLUSTER.workers_for(5_150, 64)
+    ds = [p.decide(obs(t, n if t < 120 else 40, rate=5_000)) for t in range(0, 1500, 15)]
+    assert not any(d.reason == Reason.SCALE_DOWN_FORECAST for d in ds[:int((120 + 900) / 15) - 1])
