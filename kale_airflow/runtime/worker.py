@@ -494,8 +494,12 @@ def main(argv: list[str] | None = None) -> int:
                     args.generation, total, args.batch_size, checkpoint_every=args.checkpoint_every,
                     metrics=metrics, control=control, audit=args.audit, step_time_s=args.step_time,
                     step_log=args.step_log)
-    exposition.serve(None, worker=args.worker_id, generation=args.generation, workers=total,
-                     restored=worker.restored_from is not None)  # /metrics on $KALE_METRICS_PORT, when set
+    try:  # /metrics on $KALE_METRICS_PORT, when set
+        exposition.serve(None, worker=args.worker_id, generation=args.generation, workers=total,
+                         restored=worker.restored_from is not None)
+    except OSError as exc:  # metrics are not worth stopping the training job for
+        log.warning("cannot serve /metrics on port %s (%s); training without it",
+                    os.environ.get("KALE_METRICS_PORT"), exc)
     log.info("joined a job of %d rank(s) (%s), generation %s, %d slice(s), restored from %s at step %d", total,
              backend or "no process group", args.generation, len(slices), worker.restored_from, worker.steps)
     worker.run(max_steps=args.max_steps, exit_when_idle=args.exit_when_idle, report_every_s=args.report_every)

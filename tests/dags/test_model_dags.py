@@ -126,36 +126,37 @@ def test_unreachable_mlflow_fails_with_a_clear_message(airflow_home):
 
 
 def test_retrain_trains_on_the_traffic_the_autoscaler_recorded(airflow_home):
-    """Three minutes of produced traffic, recorded bin by bin by the autoscaler's pokes,
-    are what the next retrain trains on (its MLflow run says so and names their range)."""
+    """Traffic produced into the stream and recorded bin by bin by the autoscaler's pokes is
+    what the next retrain trains on (its MLflow run says so and names the range). The
+    backtest's reference (daily seasonal naive) needs a day of history, so the producer
+    writes 28 hours of 10-minute bins with past timestamps instead of waiting for them."""
     import time
 
     from kale_airflow.stream.embedded import EmbeddedStream
 
-    home, bin_s = airflow_home.kale_home, 5.0
+    home, bin_s, bins = airflow_home.kale_home, 600.0, 170
     home.mkdir(parents=True, exist_ok=True)
     stream = EmbeddedStream(home / "stream.db", partitions=2)
-    start = (int(time.time() // bin_s) - 40) * bin_s
-    for k in range(36):  # 36 bins of 5 s: a rate that rises and falls
-        n = 50 + 30 * (k % 12)
-        stream.append(k % 2, [b"x"] * n, ts=start + k * bin_s + 1.0)
+    start = (int(time.time() // bin_s) - bins - 2) * bin_s
+    for k in range(bins):  # a daily-looking rate: rises and falls every 12 bins
+        stream.append(k % 2, [b"x"] * (50 + 30 * (k % 12)), ts=start + k * bin_s + 1.0)
     env = Settings(home, airflow_home.mlflow_uri, database=f"sqlite:///{home / 'kale.db'}")
     dep = Deployment(stream_url=f"sqlite:///{home / 'stream.db'}", bin_s=bin_s)
     auto = Autoscaler(Config(env, dep), registry=object(), pods=list)
-    for k in range(36):  # the pokes of three minutes: each records the bins that ended since the last
+    for k in range(bins):  # one poke per bin: each records the bins that ended since the last
         auto.record_traffic(start + (k + 1) * bin_s)
-    recorded = EmbeddedMetrics(env.database_url, seed=False).traffic_history(1)
+    recorded = EmbeddedMetrics(env.database_url, seed=False).traffic_history(3)
     # The first poke backfilled 11 empty bins before the traffic began: observed zeros, not gaps.
     first = start - 11 * bin_s
-    assert recorded.index[0] == pd.Timestamp(first, unit="s") and len(recorded) == 47
+    assert recorded.index[0] == pd.Timestamp(first, unit="s") and len(recorded) == bins + 11
     assert (recorded.iloc[:11] == 0).all() and recorded.iloc[11] == 50 and recorded.iloc[22] == 50 + 30 * 11
 
     run = airflow_home.run("kale_forecaster_retrain", {
-        "forecaster": "seasonal", "history_days": 0.01, "test_days": 0.001, "horizon_minutes": 0.5,
-        "forecaster_options": {"level_window_s": 30}, "auto_promote": True})
+        "forecaster": "seasonal", "history_days": 3, "test_days": 0.1, "horizon_minutes": 60,
+        "forecaster_options": {"level_window_s": 3600}, "auto_promote": True})
     assert run.state == "success", run.log[-3000:]
     client = MlflowClient(airflow_home.mlflow_uri, airflow_home.mlflow_uri)
     params = client.get_run(client.get_model_version(FORECASTER_MODEL, "1").run_id).data.params
     assert params["traffic_source"] == "observed"
     assert pd.Timestamp(params["train_start"]) == pd.Timestamp(first, unit="s")
-    assert pd.Timestamp(params["train_end"]) < pd.Timestamp(start + 36 * bin_s, unit="s")
+    assert pd.Timestamp(params["train_end"]) < pd.Timestamp(start + bins * bin_s, unit="s")

@@ -37,6 +37,9 @@ def kubelet(manifest: dict, secrets: dict, mounts: dict, log, extra_args=()) -> 
     (container,) = manifest["spec"]["containers"]
     env = {"PATH": os.environ["PATH"], "KALE_WORKER_THREADS": "1"}  # three processes share two cores
     for var in container.get("env", []):
+        if var["name"] == "KALE_METRICS_PORT":  # every pod has its own network; here they share one host
+            env[var["name"]] = "0"
+            continue
         if "value" in var:
             env[var["name"]] = mounts.get(var["value"], var["value"])
         elif "fieldRef" in var["valueFrom"]:  # the downward API: this "pod" lives on loopback
@@ -87,6 +90,8 @@ def test_rendered_pods_obey_generations_report_and_never_overlap(deployment):
     secrets = {cfg.deployment.kubernetes.database_secret: {cfg.deployment.kubernetes.database_secret_key: db}}
     audit, log = tmp / "audit.log", open(tmp / "pods.log", "ab")
 
+    started: list[subprocess.Popen] = []  # ended by PID if the test fails half-way
+
     def start(generation):
         # The pods rendezvous through the control plane at rank 0's pod IP and RENDEZVOUS_PORT;
         # here every "pod" shares loopback, so the port is mapped to a free one.
@@ -101,42 +106,52 @@ def test_rendered_pods_obey_generations_report_and_never_overlap(deployment):
             pods.append(kubelet(manifest, secrets, mounts, log, ["--audit", str(audit)]))
         return pods
 
-    g1 = generations.apply({"status": "scale", "current": 0, "workers": 2, "reason": "scale_up_forecast",
-                            "message": "start"}, run_id="run1")["generation"]
-    generations.rebalance(g1, 2)
-    first = start(g1)
-    metrics = EmbeddedMetrics(db, seed=False)
-    wait_for(lambda: (metrics.throughput_observations()["workers"] == 2).any(), 60, "generation 1's throughput")
+    try:
+        g1 = generations.apply({"status": "scale", "current": 0, "workers": 2, "reason": "scale_up_forecast",
+                                "message": "start"}, run_id="run1")["generation"]
+        generations.rebalance(g1, 2)
+        first = start(g1)
+        metrics = EmbeddedMetrics(db, seed=False)
+        wait_for(lambda: (metrics.throughput_observations()["workers"] == 2).any(), 180, "generation 1's throughput")
 
-    g2 = generations.apply({"status": "scale", "current": 2, "workers": 3, "reason": "scale_up_forecast",
-                            "message": "more"}, run_id="run2")["generation"]
-    superseded = time.monotonic()
-    generations.rebalance(g2, 3)  # waits until generation 1 has checkpointed and stopped
-    assert [p.wait(timeout=30) for p in first] == [0, 0]
-    assert time.monotonic() - superseded < 30
-    assert {w: r["state"] for w, r in store.workers_seen(g1).items()} == {0: "stopped", 1: "stopped"}
-    second = start(g2)
+        g2 = generations.apply({"status": "scale", "current": 2, "workers": 3, "reason": "scale_up_forecast",
+                                "message": "more"}, run_id="run2")["generation"]
+        superseded = time.monotonic()
+        generations.rebalance(g2, 3)  # waits until generation 1 has checkpointed and stopped
+        assert [p.wait(timeout=30) for p in first] == [0, 0]
+        assert time.monotonic() - superseded < 30
+        assert {w: r["state"] for w, r in store.workers_seen(g1).items()} == {0: "stopped", 1: "stopped"}
+        second = start(g2)
 
-    doc = generations.assignment(g2)
-    slices = [sl for w in range(3) for sl in slices_for(doc, w)]
+        doc = generations.assignment(g2)
+        slices = [sl for w in range(3) for sl in slices_for(doc, w)]
 
-    def drained():  # every slice of generation 2 committed to the end of its partition
-        return all(stream.committed(f"{cfg.deployment.group}/{sl.group_suffix}", sl.partition) == PER_PARTITION
-                   for sl in slices)
+        def drained():  # every slice of generation 2 has read to the end of its partition (commits follow
+            reached = {}  # the next checkpoint, which the stop below writes)
+            for sl, a, b, g, *_ in audit_records(audit):
+                if g == g2:
+                    reached[sl.group_suffix] = max(reached.get(sl.group_suffix, 0), b)  # 6-decimal bounds
+            return all(reached.get(sl.group_suffix, 0) == PER_PARTITION for sl in slices)
 
-    wait_for(lambda: (metrics.throughput_observations()["workers"] == 3).any(), 60, "generation 2's throughput")
-    wait_for(drained, 120, "generation 2 to train the rest of the stream")
-    store.set_current_generation("done", 0)
-    assert [p.wait(timeout=30) for p in second] == [0, 0, 0]
+        wait_for(lambda: (metrics.throughput_observations()["workers"] == 3).any(), 180, "generation 2's throughput")
+        wait_for(drained, 120, "generation 2 to train the rest of the stream")
+        store.set_current_generation("done", 0)
+        assert [p.wait(timeout=30) for p in second] == [0, 0, 0]
+        assert all(stream.committed(f"{cfg.deployment.group}/{sl.group_suffix}", sl.partition) == PER_PARTITION
+                   for sl in slices)  # the final checkpoint's positions, committed after it
 
-    records = audit_records(audit)
-    for p in range(2):  # no sample skipped
-        trained = set()
-        for s, a, b, *_ in records:
-            if s.partition == p:
-                offs = np.arange(a, b)
-                trained |= set(offs[s.mask(offs)].tolist())
-        assert trained == set(range(PER_PARTITION)), f"partition {p}: {PER_PARTITION - len(trained)} never trained"
-    last_g1 = max(t1 for *_, g, t0, t1 in records if g == g1)
-    first_g2 = min(t0 for *_, g, t0, t1 in records if g == g2)
-    assert last_g1 <= first_g2  # generation 2 trained nothing until generation 1 had stopped
+        records = audit_records(audit)
+        for p in range(2):  # no sample skipped
+            trained = set()
+            for s, a, b, *_ in records:
+                if s.partition == p:
+                    offs = np.arange(a, b)
+                    trained |= set(offs[s.mask(offs)].tolist())
+            assert trained == set(range(PER_PARTITION)), f"partition {p}: {PER_PARTITION - len(trained)} never trained"
+        last_g1 = max(t1 for *_, g, t0, t1 in records if g == g1)
+        first_g2 = min(t0 for *_, g, t0, t1 in records if g == g2)
+        assert last_g1 <= first_g2  # generation 2 trained nothing until generation 1 had stopped
+    finally:
+        for pod in started:
+            if pod.poll() is None:
+                pod.kill()
