@@ -25,7 +25,7 @@ simulate: $(STAMP)
 	$(BIN)/kale simulate --days 30 --json $(OUT)/simulate.json --plot $(OUT)/simulate.png
 
 bench: $(STAMP)
-	for b in engine forecasting rebalance runtime autoscaler; do $(BIN)/python benchmarks/$$b.py || exit 1; done
+	for b in engine forecasting rebalance runtime autoscaler kafka; do $(BIN)/python benchmarks/$$b.py || exit 1; done
 
 # Mutation testing of the critical modules (about 20 minutes): benchmarks/results/mutation.json.
 mutation: $(STAMP)
