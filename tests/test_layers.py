@@ -156,3 +156,24 @@ def test_the_cycle_check_catches_two_packages_importing_each_other(tmp_path, mon
         (fake / pkg / "m.py").write_text(f"from kale_airflow.{target}.m import x\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
     assert package_cycles(list(fake.rglob("*.py"))) == [("control", "runtime"), ("runtime", "control")]
+
+
+def long_functions(files, limit: int = 60) -> list[str]:
+    out = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > limit:
+                out.append(f"{path.relative_to(PACKAGE)}:{node.name}")
+    return sorted(out)
+
+
+def test_no_function_is_longer_than_60_lines():
+    assert long_functions(PACKAGE.rglob("*.py")) == []
+
+
+def test_the_length_check_catches_a_long_function(tmp_path, monkeypatch):
+    fake = tmp_path / "kale_airflow"
+    fake.mkdir()
+    (fake / "m.py").write_text("def f():\n" + "    x = 1\n" * 60)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    assert long_functions([fake / "m.py"]) == ["m.py:f"]

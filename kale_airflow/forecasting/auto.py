@@ -90,8 +90,38 @@ class AutoForecaster(ForecasterBase):
         unknown = [m for m in self.members if m not in MEMBERS]
         if unknown or not self.members:
             raise ForecastError(f"unknown roster member(s) {unknown}; choose from {list(MEMBERS)}")
-        keep = int(round(self.max_history_days * DAY_S / step))
-        history = history.iloc[-keep:]
+        history = history.iloc[-int(round(self.max_history_days * DAY_S / step)):]
+        first, score_h, cal_h, origins, actual, naive = self._held_out(history, step)
+        preds, errors, fitted = self._member_predictions(history, first, origins, cal_h)
+        mae = {name: float(np.nanmean(np.abs(actual[:, :score_h] - p[:, :score_h]))) for name, p in preds.items()}
+        if len(preds) > 1:
+            stack = np.stack(list(preds.values()))
+            preds["ensemble_median"] = np.median(stack, axis=0)
+            inv = {name: 1.0 / max(mae[name], 1e-12) for name in mae}
+            total = sum(inv.values())
+            self.weights = {name: w / total for name, w in inv.items()}
+            preds["ensemble_weighted"] = sum(self.weights[name] * preds[name] for name in self.weights)
+        eps = max(1e-9, 1e-3 * float(np.mean(history.to_numpy(dtype=float))))
+        self.scores = self._score(preds, actual, naive, score_h, cal_h, eps)
+        for name, why in errors.items():
+            self.scores[name] = {"mase": float("inf"), "error": why}
+        order = [c for c in (*self.members, *ENSEMBLES) if c in self.scores]
+        self.selected = min(order, key=lambda c: (self.scores[c]["mase"], order.index(c)))
+        self._offsets = self.scores[self.selected]["_offsets"]
+        for s in self.scores.values():
+            s.pop("_offsets", None)
+        self.scores = {c: self.scores[c] for c in order}
+        # Keep what the winner needs exactly as it was scored and calibrated (split conformal:
+        # no refit; every member forecasts from the latest history it is given).
+        needed = [self.selected] if self.selected in self.members else list(mae)
+        self._members = {name: fitted[name] for name in needed}
+        self._step = step
+        self._history = history
+        return self
+
+    def _held_out(self, history: pd.Series, step: float):
+        """The held-out selection window: its first index, the scoring and calibration horizons,
+        the rolling origins, and the actual and daily-naive values after each origin."""
         n = len(history)
         day = int(round(DAY_S / step))
         sel = min(int(round(self.selection_days * DAY_S / step)), n // 4)
@@ -110,6 +140,11 @@ class AutoForecaster(ForecasterBase):
             actual[i, :k] = y[o:o + k]
             lo = o - day
             naive[i, :min(k, day)] = y[lo:lo + min(k, day)]
+        return first, score_h, cal_h, origins, actual, naive
+
+    def _member_predictions(self, history: pd.Series, first: int, origins: list[int], cal_h: int):
+        """Each member fitted before the window and forecasting from every origin; a member that
+        fails is recorded with its error instead of breaking the selection."""
         preds: dict[str, np.ndarray] = {}
         errors: dict[str, str] = {}
         fitted = {}
@@ -124,17 +159,13 @@ class AutoForecaster(ForecasterBase):
             self.fit_seconds_by_member[name] = time.perf_counter() - t0
         if not preds:
             raise ForecastError(f"no roster member could forecast the held-out window: {errors}")
-        mae = {name: float(np.nanmean(np.abs(actual[:, :score_h] - p[:, :score_h]))) for name, p in preds.items()}
-        if len(preds) > 1:
-            stack = np.stack(list(preds.values()))
-            preds["ensemble_median"] = np.median(stack, axis=0)
-            inv = {name: 1.0 / max(mae[name], 1e-12) for name in mae}
-            total = sum(inv.values())
-            self.weights = {name: w / total for name, w in inv.items()}
-            preds["ensemble_weighted"] = sum(self.weights[name] * preds[name] for name in self.weights)
-        eps = max(1e-9, 1e-3 * float(np.mean(y)))
+        return preds, errors, fitted
+
+    def _score(self, preds: dict, actual: np.ndarray, naive: np.ndarray, score_h: int, cal_h: int,
+               eps: float) -> dict:
+        """MASE, sMAPE and MAE over the scoring horizon, and conformal offsets, per candidate."""
         naive_mae = float(np.nanmean(np.abs(actual[:, :score_h] - naive[:, :score_h])))
-        self.scores = {}
+        scores = {}
         for name, p in preds.items():
             err = np.log((actual + eps) / (np.maximum(p, 0.0) + eps))
             offs = conformal_offsets(err, self.quantiles, cal_h)
@@ -143,23 +174,9 @@ class AutoForecaster(ForecasterBase):
             denom = np.abs(a) + np.abs(f)
             with np.errstate(invalid="ignore", divide="ignore"):
                 sm = float(100 * np.nanmean(np.where(denom > 0, 2 * np.abs(a - f) / denom, 0.0)))
-            self.scores[name] = {"mase": m / naive_mae if naive_mae > 0 else float("inf"), "smape": sm, "mae": m,
-                                 "_offsets": offs}
-        for name, why in errors.items():
-            self.scores[name] = {"mase": float("inf"), "error": why}
-        order = [c for c in (*self.members, *ENSEMBLES) if c in self.scores]
-        self.selected = min(order, key=lambda c: (self.scores[c]["mase"], order.index(c)))
-        self._offsets = self.scores[self.selected]["_offsets"]
-        for s in self.scores.values():
-            s.pop("_offsets", None)
-        self.scores = {c: self.scores[c] for c in order}
-        # Keep what the winner needs exactly as it was scored and calibrated (split conformal:
-        # no refit; every member forecasts from the latest history it is given).
-        needed = [self.selected] if self.selected in self.members else list(mae)
-        self._members = {name: fitted[name] for name in needed}
-        self._step = step
-        self._history = history
-        return self
+            scores[name] = {"mase": m / naive_mae if naive_mae > 0 else float("inf"), "smape": sm, "mae": m,
+                            "_offsets": offs}
+        return scores
 
     # ------------------------------------------------------------- forecasting
     def forecast(self, history: pd.Series, horizon: int) -> pd.DataFrame:

@@ -96,7 +96,12 @@ def plot_simulation(result, path: str | Path, points: int = 1500) -> Path:
                 ax.legend(fontsize=7, loc="upper right", ncol=3)
             if i == len(names) - 1:
                 ax.set_xlabel("days since evaluation start", fontsize=8)
-    ax = fig.add_subplot(grid[len(names), :])
+    _ratio_bars(fig.add_subplot(grid[len(names), :]), result, names)
+    return save_figure(fig, path)
+
+
+def _ratio_bars(ax, result, names: list[str]) -> None:
+    """Bar chart of every policy's lag, downtime and GPU-hours over HPA's and clairvoyant Kale's."""
     pols = result.runs
     refs = [r for r in ("hpa", "oracle") if r in pols]
     bars = []
@@ -115,7 +120,6 @@ def plot_simulation(result, path: str | Path, points: int = 1500) -> Path:
     ax.set_ylabel("ratio (log)")
     ax.legend(fontsize=7, ncol=len(names), loc="upper left")
     ax.set_title(f"{result.trace}: ratios ({result.forecaster} forecaster)", fontsize=9)
-    return save_figure(fig, path)
 
 
 def plot_backtest(result, path: str | Path, title: str = "") -> Path:
