@@ -18,6 +18,7 @@ which never scale down.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Callable, Protocol
@@ -27,7 +28,7 @@ import pandas as pd
 
 from kale_airflow.config import Config, load_config
 from kale_airflow.core.policies import Decision, KalePolicy, Observation, Reason
-from kale_airflow.core.policies.kale import KnownCapacity, OnlineForecastSource
+from kale_airflow.core.policies.kale import KnownCapacity, OnlineForecastSource, planned_downtime
 from kale_airflow.core.slices import slices_for
 from kale_airflow.core.throughput import monotone
 from kale_airflow.metrics.embedded import MetricsError
@@ -35,6 +36,8 @@ from kale_airflow.store import StateStore
 
 log = logging.getLogger(__name__)
 STATE_KEY = "autoscaler_state"
+PAUSES_KEY = "rescale_pauses"  # measured pauses of the last rescales (see Autoscaler.downtime_s)
+PAUSES_KEPT = 5
 RECORD_BACKFILL_BINS = 12  # bins of traffic history recovered after a restart of the autoscaler
 
 
@@ -62,6 +65,7 @@ class Autoscaler:
         self._recorded_until: int | None = None  # first bin not yet written to the traffic history
         self.shadow = bool(self.dep.shadow if shadow is None else shadow)
         self.workers_source = "generation"  # where the last observation's worker count came from
+        self.planned_downtime_s = self.dep.rescale_downtime_s  # measured by observe()
         self._alerter = None
 
     @classmethod
@@ -93,9 +97,12 @@ class Autoscaler:
             self.policy.load_state_dict(saved)
 
     # ------------------------------------------------------------ observation
-    def observe(self, now: float) -> Observation:
-        """Current metrics; any that cannot be read are None (never a scale-down)."""
+    def observe(self, now: float, *, record: bool = True) -> Observation:
+        """Current metrics; any that cannot be read are None (never a scale-down). Also
+        measures the last rescale's pause (stored unless ``record`` is False): see
+        :meth:`downtime_s`."""
         cur = self.state.current()
+        self.planned_downtime_s = self.downtime_s(cur, record=record)
         workers = cur["workers"] if cur and cur["workers"] else 0
         self.workers_source = "generation"
         if self.shadow:  # what actually runs, started by whoever is in charge
@@ -117,8 +124,31 @@ class Autoscaler:
                 recent = recent[recent["workers"] == workers]
                 if len(recent):
                     tput = float(recent["rate"].median())
-        rescaling = bool(cur and cur["created"] and now - cur["created"] < self.dep.rescale_downtime_s)
+        rescaling = bool(cur and cur["created"] and now - cur["created"] < self.planned_downtime_s)
         return Observation(now, workers, rate, backlog, fresh, None, tput, rescaling, self._ready(workers))
+
+    def downtime_s(self, cur: dict | None, *, record: bool = True) -> float:
+        """Seconds a rescale actually pauses training, as the policy should plan with it.
+
+        A rescale's pause runs from the decision naming the new generation (the old one
+        checkpoints and stops then) to the moment all of the new generation's workers began
+        training (their first heartbeat). Each generation's pause is measured once, the last
+        ``PAUSES_KEPT`` are kept in the control store, and :func:`planned_downtime` turns them
+        into the value the policy uses (the configured ``rescale_downtime_s`` is the floor)."""
+        dep = self.dep
+        rec = self.state.get_value(PAUSES_KEY) or {"generation": None, "pauses": []}
+        meta = self.state.get_value("generation_meta") or {}
+        if cur and cur["generation"] != rec["generation"] and meta.get("since") and cur["workers"]:
+            seen = self.state.workers_seen(cur["generation"])
+            started = [r.get("started", r["heartbeat"]) for r in seen.values()]
+            if len(started) >= cur["workers"]:
+                pause = max(0.0, max(started) - meta["since"])
+                rec = {"generation": cur["generation"], "pauses": (rec["pauses"] + [round(pause, 3)])[-PAUSES_KEPT:]}
+                if record:
+                    self.state.set_value(PAUSES_KEY, rec)
+                log.info("generation %s began training %.1f s after it was decided (rescale pause)",
+                         cur["generation"], pause)
+        return planned_downtime(dep.rescale_downtime_s, rec["pauses"], dep.kale_config.lookahead_s)
 
     def _observed_workers(self, now: float, fallback: int) -> int:
         from kale_airflow.control.shadow import observed_workers
@@ -201,7 +231,7 @@ class Autoscaler:
         """One observation and decision, recorded with its reason. ``record=False`` (a dry
         run) writes nothing: no decision, no policy state, no traffic history, no alert."""
         now = time.time() if now is None else now
-        obs = self.observe(now)
+        obs = self.observe(now, record=record)
         if record:
             self.record_traffic(now)
         try:
@@ -216,6 +246,12 @@ class Autoscaler:
                     self.state.record_decision(now, obs.workers, d.to_dict() | self._mode())
                 return d, obs
             log.warning("model registry unavailable (%s); deciding with the cached champions", exc)
+        # The stages plan with the measured rescale pause (the policy reads its config each tick).
+        downtime = self.planned_downtime_s
+        if downtime != self.policy.config.rescale_downtime_s:
+            log.info("planning with a rescale downtime of %.1f s (measured; configured %.1f s)", downtime,
+                     self.dep.rescale_downtime_s)
+            self.policy.config = dataclasses.replace(self.policy.config, rescale_downtime_s=downtime)
         d = self.policy.first_start(obs) if obs.workers == 0 else self.policy.decide(obs)
         if not record:
             log.info("dry run: %s -> %s (%s) %s", obs.workers, d.workers, d.reason.value, d.message)

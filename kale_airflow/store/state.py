@@ -96,9 +96,14 @@ class StateStore:
 
     def worker_seen(self, generation: str, worker_id: int, state: str, now: float | None = None) -> None:
         """A worker's heartbeat: ``running`` (at start and every report) or ``stopped`` (after
-        its final checkpoint). A generation's handover waits on these."""
-        self.set_value(f"worker/{generation}/{worker_id}", {"state": state, "heartbeat": time.time() if now is None
-                                                             else now})
+        its final checkpoint). A generation's handover waits on these. The record keeps
+        ``started``, the first heartbeat: when the worker began training (the measured end of
+        a rescale's pause)."""
+        key, now = f"worker/{generation}/{worker_id}", time.time() if now is None else now
+        with self.db.begin() as c:  # read and write in one transaction: ``started`` survives every heartbeat
+            old = c.execute(select(control.c.value).where(control.c.key == key)).scalar()
+            started = json.loads(old).get("started", now) if old is not None else now
+            c.execute(self._upsert(key, json.dumps({"state": state, "heartbeat": now, "started": started})))
 
     def workers_seen(self, generation: str) -> dict[int, dict]:
         """{worker id: last heartbeat record} of a generation's workers."""

@@ -185,3 +185,31 @@ def test_pokes_record_each_completed_bin_of_traffic_once(home):
     assert auto.record_traffic(NOW + 61) == 1
     recorded = EmbeddedMetrics(home[2], seed=False).traffic_history(1)
     assert len(recorded) == 13 and recorded.iloc[-3:-1].tolist() == [72_000.0, 72_000.0]
+
+
+def test_the_measured_rescale_pause_is_what_the_policy_plans_with(home):
+    """Bug: planning with the configured downtime when restarts take 5x longer (scale-downs
+    whose pause costs more than they save, then an SLO-risk scale-up: thrash)."""
+    auto = autoscaler(home, rescale_downtime_s=8)
+    running(auto, 4)
+    since = auto.state.get_value("generation_meta")["since"]
+    for w in range(3):
+        auto.state.worker_seen("g1", w, "running", now=since + 30 + w)
+    assert auto.downtime_s(auto.state.current()) == 8  # 3 of 4 ranks started: the pause has not ended
+    auto.state.worker_seen("g1", 3, "running", now=since + 43)
+    auto.state.worker_seen("g1", 0, "running", now=since + 90)  # a later heartbeat does not move the start
+    assert auto.downtime_s(auto.state.current()) == pytest.approx(43, abs=1e-3)
+    assert auto.state.get_value("rescale_pauses")["pauses"] == [pytest.approx(43, abs=1e-3)]  # measured once
+    arrive(home[1], 3500)
+    auto.poke(NOW)
+    assert auto.policy.config.rescale_downtime_s == pytest.approx(43, abs=1e-3)
+
+
+def test_a_dry_run_measures_the_pause_without_storing_it(home):
+    auto = autoscaler(home, rescale_downtime_s=8)
+    running(auto, 1)
+    auto.state.worker_seen("g1", 0, "running", now=auto.state.get_value("generation_meta")["since"] + 20)
+    arrive(home[1], 500)
+    auto.poke(NOW, record=False)
+    assert auto.planned_downtime_s == pytest.approx(20, abs=1e-3)
+    assert auto.state.get_value("rescale_pauses") is None

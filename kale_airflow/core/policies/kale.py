@@ -175,6 +175,16 @@ class WindowMax:
         return q[0][1]
 
 
+def planned_downtime(configured_s: float, pauses_s: list[float], cap_s: float) -> float:
+    """The rescale downtime the stages plan with: the configured value, raised to the median
+    of recently measured pauses when rescales take longer (a slow image pull, a long
+    rendezvous), never above ``cap_s`` (the look-ahead, which must cover it). The configured
+    value is a floor: a few fast restarts do not make the policy rescale more eagerly."""
+    if not pauses_s:
+        return configured_s
+    return min(max(configured_s, float(np.median(pauses_s))), cap_s)
+
+
 def scale_down_worth_it(current: int, target: int, cfg: KaleConfig) -> tuple[bool, float, float]:
     """Stage 4: GPU-seconds saved over the look-ahead vs the downtime cost of a rescale."""
     saved = (current - target) * cfg.lookahead_s
