@@ -21,6 +21,17 @@ def daily_series(days: int = 21, step_s: int = 300, base: float = 100.0, amp: fl
     return pd.Series(np.maximum(y, 0.0), index=idx, name="value")
 
 
+def assert_next_bins_forecast(out: pd.DataFrame, s: pd.Series, max_mae: float) -> None:
+    """A forecaster fitted on ``s.iloc[:-8]`` predicted its next 4 bins: quantile columns in
+    order, dated from the bin after the history, non-negative, and within ``max_mae`` of the
+    actual values (well under the daily pattern's amplitude of 60: it learned the shape)."""
+    assert list(out.columns) == ["mean", "q50", "q80", "q90"]
+    assert out.index[0] == s.index[-9] + (s.index[1] - s.index[0])
+    assert (out["q50"] <= out["q80"]).all() and (out["q80"] <= out["q90"]).all()
+    assert (out.to_numpy() >= 0).all()
+    assert np.abs(out["mean"].to_numpy() - s.iloc[-8:-4].to_numpy()).mean() < max_mae
+
+
 @pytest.fixture
 def daily():
     return daily_series()

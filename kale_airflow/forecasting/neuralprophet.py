@@ -49,6 +49,7 @@ from kale_airflow.core.forecast import (
     quantile_column,
     series_step_s,
 )
+from kale_airflow.forecasting.grid import checked_step, resolution, to_grid
 
 log = logging.getLogger(__name__)
 
@@ -86,18 +87,8 @@ class NeuralProphetForecaster(ForecasterBase):
 
     # ---------------------------------------------------------------- helpers
     def _to_model_frame(self, history: pd.Series) -> tuple[pd.DataFrame, float]:
-        step = series_step_s(history)
-        values = history.to_numpy(dtype=float)
-        if not np.isfinite(values).all():
-            raise ForecastError("history has NaN or infinite values; repair the trace before fitting")
-        if (values < 0).any():
-            raise ForecastError("history has negative values; traffic counts must be >= 0")
-        res = max(step, self.min_resolution_s)
-        if res % step:
-            raise ForecastError(f"step {step:g} s does not divide the model resolution {res:g} s")
-        s = history.astype(float)
-        if res > step:
-            s = s.resample(pd.Timedelta(seconds=res), origin="epoch").mean().dropna()
+        step = checked_step(history)
+        s = to_grid(history, step, resolution(step, self.min_resolution_s), complete_only=False)
         return pd.DataFrame({"ds": s.index, "y": np.log1p(s.to_numpy())}), step
 
     def _new_model(self, days: float):

@@ -1,13 +1,12 @@
 """NeuralProphet behind the core interface (real training, small data)."""
 
-import numpy as np
 import pandas as pd
 import pytest
 
 from kale_airflow.core.forecast import ForecastError, get_forecaster
 from kale_airflow.forecasting.neuralprophet import NeuralProphetForecaster
 from kale_airflow.forecasting.persist import load_forecaster, save_forecaster
-from tests.conftest import daily_series
+from tests.conftest import assert_next_bins_forecast, daily_series
 
 pytestmark = pytest.mark.slow
 
@@ -20,13 +19,7 @@ def fitted():
 
 def test_forecast_shape_order_and_dates(fitted):
     f, s = fitted
-    out = f.predict(4)
-    assert list(out.columns) == ["mean", "q50", "q80", "q90"]
-    assert out.index[0] == s.index[-9] + pd.Timedelta(minutes=30)
-    assert (out["q50"] <= out["q80"]).all() and (out["q80"] <= out["q90"]).all()
-    assert (out.to_numpy() >= 0).all()
-    # It learned the daily shape: error well under the pattern's amplitude (60).
-    assert np.abs(out["mean"].to_numpy() - s.iloc[-8:-4].to_numpy()).mean() < 30
+    assert_next_bins_forecast(f.predict(4), s, max_mae=30)
 
 
 def test_forecast_from_newer_history_uses_the_trained_weights(fitted):

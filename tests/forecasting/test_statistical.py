@@ -1,6 +1,5 @@
 """MSTL (statsforecast) behind the core interface."""
 
-import numpy as np
 import pandas as pd
 import pytest
 
@@ -8,7 +7,7 @@ from kale_airflow.core.backtest import backtest
 from kale_airflow.core.forecast import ForecastError, get_forecaster
 from kale_airflow.forecasting.persist import load_forecaster, save_forecaster
 from kale_airflow.forecasting.statistical import MSTLForecaster
-from tests.conftest import daily_series
+from tests.conftest import assert_next_bins_forecast, daily_series
 
 
 @pytest.fixture(scope="module")
@@ -19,11 +18,7 @@ def fitted():
 
 def test_forecast_shape_order_and_dates(fitted):
     f, s = fitted
-    out = f.predict(4)
-    assert list(out.columns) == ["mean", "q50", "q80", "q90"]
-    assert out.index[0] == s.index[-9] + pd.Timedelta(minutes=30)
-    assert (out["q50"] <= out["q80"]).all() and (out["q80"] <= out["q90"]).all()
-    assert np.abs(out["mean"].to_numpy() - s.iloc[-8:-4].to_numpy()).mean() < 15
+    assert_next_bins_forecast(f.predict(4), s, max_mae=15)
 
 
 def test_forecast_from_newer_history_reuses_the_fit(fitted):
