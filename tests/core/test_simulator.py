@@ -284,8 +284,11 @@ def test_kale_never_scales_into_the_falling_region_of_a_comm_cluster(trace):
     peak = cluster.peak_workers(64)
     assert r.runs["oracle"].workers.max() <= peak  # it knows the curve
     # Kale, profiled at 1-16 workers only, may overshoot the peak once before it has measured
-    # the fall; after measuring it, never again.
-    above = r.runs["kale"].workers > peak
+    # the fall; after measuring it, never again. The falling region: past the peak, with over
+    # 1 % of the peak's throughput lost (the curve is flat within 0.5 % from 44 to 52 workers:
+    # no measurement can place its top closer).
+    w = r.runs["kale"].workers
+    above = (w > peak) & (cluster.capacity(w) < 0.99 * cluster.capacity(peak))
     assert above.mean() < 0.1
     if above.any():
         left = np.flatnonzero(above)[-1]

@@ -16,11 +16,14 @@ from kale_airflow.core.policies.kale import (
     WindowMax,
     drain_rate,
     held_for,
+    planned_downtime,
     required_rate,
+    restart_floor,
     scale_down_decision,
     scale_down_worth_it,
     scale_up_decision,
     size_workers,
+    sized_for_restart,
     slo_at_risk,
 )
 from kale_airflow.core.throughput import ClusterModel
@@ -140,7 +143,9 @@ def test_slo_risk_scales_up_at_once_and_sizes_for_the_backlog():
     n = CLUSTER.workers_for(10_300, 64)
     d = p.decide(obs(0, n, rate=10_000, backlog=600_000, fresh=200))
     assert d.reason == Reason.SCALE_UP_SLO_RISK
-    assert CLUSTER.capacity(d.workers) >= 10_300 + 600_000 / 60 > CLUSTER.capacity(d.workers - 1)
+    # The restart leaves the backlog plus 90 s of arrivals; 10 s remain before the SLO, so they
+    # drain over min_drain_s (60 s), on top of the arrivals (stage 5, the restart floor).
+    assert CLUSTER.capacity(d.workers) >= 10_000 + (600_000 + 10_000 * 90) / 60 > CLUSTER.capacity(d.workers - 1)
 
 
 def test_traffic_drop_scales_down_only_after_stabilization():
@@ -152,7 +157,9 @@ def test_traffic_drop_scales_down_only_after_stabilization():
     first = reasons.index(down[0]) * 15
     assert first >= 600 + 900 - 15  # the high level must leave the 15-minute window first
     assert all(d.workers == n for d in reasons[: reasons.index(down[0])])
-    assert down[0].workers == CLUSTER.workers_for(5_000 * 1.03, 64)
+    # Not to the level (5,150/s) but to the restart floor: 5,000/s plus the 90 s of arrivals the
+    # restart leaves, drained in the 210 s left before the 300 s SLO.
+    assert down[0].workers == CLUSTER.workers_for(5_000 + 5_000 * 90 / 210, 64) > CLUSTER.workers_for(5_150, 64)
 
 
 def test_a_new_worker_count_runs_the_down_window_before_any_scale_down():
@@ -469,7 +476,7 @@ def test_after_a_burst_kale_returns_within_the_short_window_once_drained():
             first_down = t
         t += 15
     assert first_down is not None and 300 <= first_down < 900
-    assert d.workers == n
+    assert d.workers == CLUSTER.workers_for(5_000 + 5_000 * 90 / 210, 64)  # the restart floor
 
 
 def test_a_forecast_scale_up_keeps_the_full_down_window():
@@ -477,3 +484,82 @@ def test_a_forecast_scale_up_keeps_the_full_down_window():
     n = CLUSTER.workers_for(5_150, 64)
     ds = [p.decide(obs(t, n if t < 120 else 40, rate=5_000)) for t in range(0, 1500, 15)]
     assert not any(d.reason == Reason.SCALE_DOWN_FORECAST for d in ds[:int((120 + 900) / 15) - 1])
+
+
+# ------------------------------------------------------------ stage 5: the restart floor
+def by_thousands(rate):
+    """Workers at 1,000 samples/s each (ceil), for exact stage arithmetic."""
+    return int(np.ceil(rate / 1000 - 1e-9))
+
+
+@pytest.mark.parametrize(
+    "rate, backlog, fresh, expected",
+    [(7_000, 0.0, 0.0, 10),        # 7,000 + 7,000 * 90 / 210 = 10,000/s
+     (7_000, 420_000, 0.0, 12),    # + 420,000 / 210 s
+     (7_000, 0.0, 180.0, 18),      # 30 s left before the SLO: drained over min_drain_s (60 s)
+     (0.0, 0.0, 0.0, 0)],
+    ids=["downtime-arrivals", "plus-backlog", "min-drain", "idle"],
+)
+def test_restart_floor_drains_the_backlog_plus_a_downtime_of_arrivals_before_the_slo(rate, backlog, fresh, expected):
+    """Bugs: forgetting the arrivals of the downtime, the backlog, or the time already used."""
+    assert restart_floor(obs(0, 10, rate=rate, backlog=backlog, fresh=fresh), CFG, by_thousands) == expected
+
+
+def test_restart_floor_with_missing_metrics_counts_nothing_unknown():
+    assert restart_floor(Observation(0, 10, None, None, None), CFG, by_thousands) == 0
+
+
+UP = Decision(12, Reason.SCALE_UP_FORECAST, "up")
+DOWN = Decision(6, Reason.SCALE_DOWN_FORECAST, "down")
+
+
+@pytest.mark.parametrize(
+    "decision, floor, workers, reason",
+    [(UP, 15, 15, Reason.SCALE_UP_FORECAST),       # a scale-up goes at least to the floor
+     (UP, 11, 12, Reason.SCALE_UP_FORECAST),       # ... and never below what it asked for
+     (DOWN, 8, 8, Reason.SCALE_DOWN_FORECAST),     # a scale-down stops at the floor
+     (DOWN, 5, 6, Reason.SCALE_DOWN_FORECAST),     # ... or goes where it wanted below it
+     (DOWN, 10, 10, Reason.HOLD_NOT_WORTH_DOWNTIME),  # floor = current: hold
+     (DOWN, 14, 10, Reason.HOLD_NOT_WORTH_DOWNTIME)],  # floor above current: hold, never scale up
+    ids=["up-raised", "up-kept", "down-stopped", "down-kept", "down-held-at-current", "down-held-above"],
+)
+def test_sized_for_restart(decision, floor, workers, reason):
+    d = sized_for_restart(decision, 10, floor)
+    assert (d.workers, d.reason) == (workers, reason)
+    if d.workers != decision.workers:
+        assert "drain what the restart leaves" in d.message
+
+
+def test_kale_holds_a_scale_down_whose_restart_it_could_not_drain():
+    """Bug: a scale-down that looks worth it on GPU time, but whose 90 s pause leaves more
+    than the smaller count drains before the SLO (then an SLO-risk scale-up: thrash)."""
+    p = kale(lambda t: 5_000.0, down_window_s=300)
+    n = CLUSTER.workers_for(5_000 + 5_000 * 90 / 210, 64)  # exactly the restart floor
+    ds = [p.decide(obs(t, n, rate=5_000)) for t in range(0, 900, 15)]
+    assert all(d.workers == n for d in ds)
+    assert ds[-1].reason == Reason.HOLD_NOT_WORTH_DOWNTIME and "drain" in ds[-1].message
+
+
+# --------------------------------------------------- the downtime the stages plan with
+def test_planned_downtime_is_the_configured_one_until_measured():
+    assert planned_downtime(90.0, [], 3600.0) == 90.0
+
+
+def test_slower_measured_restarts_raise_the_planned_downtime_to_their_median():
+    assert planned_downtime(8.0, [40.0, 35.0, 300.0], 3600.0) == 40.0  # one outlier does not dominate
+
+
+def test_faster_measured_restarts_never_lower_it_below_the_configured_floor():
+    assert planned_downtime(90.0, [20.0, 30.0], 3600.0) == 90.0
+
+
+def test_the_planned_downtime_never_exceeds_the_look_ahead():
+    assert planned_downtime(8.0, [120.0], 60.0) == 60.0
+
+
+def test_a_scale_down_worth_it_at_the_configured_pause_is_not_at_the_measured_one():
+    """The demo's thrash: 6 -> 4 saves 2 workers x 60 s; a 35 s pause of 6 workers costs more."""
+    configured = KaleConfig(slo_s=60, rescale_downtime_s=8, lookahead_s=60)
+    measured = KaleConfig(slo_s=60, rescale_downtime_s=planned_downtime(8, [35.0], 60), lookahead_s=60)
+    assert scale_down_worth_it(6, 4, configured)[0]
+    assert not scale_down_worth_it(6, 4, measured)[0]
