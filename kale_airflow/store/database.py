@@ -42,6 +42,9 @@ class SchemaVersionError(DatabaseError):
 
 def normalize_url(url: str | Path) -> URL:
     """The SQLAlchemy URL for a user's database URL (``postgresql://`` uses psycopg 3)."""
+    if url is None or not str(url).strip():
+        raise DatabaseError("no control-plane database URL: set KALE_DATABASE_URL (sqlite:///PATH or "
+                            "postgresql://USER:PASSWORD@HOST:PORT/DATABASE) or the deployment's database")
     text = str(url)
     if "://" not in text:  # a bare path: the embedded SQLite file
         text = f"sqlite:///{Path(text).expanduser().resolve()}"

@@ -164,3 +164,14 @@ def test_an_unusable_sqlite_path_names_the_url(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(DatabaseUnavailable, match=f"sqlite:///{tmp_path}/file/kale.db"):
         StateStore(f"sqlite:///{tmp_path / 'file' / 'kale.db'}")
+
+
+@pytest.mark.parametrize("url", [None, "", "  "])
+def test_a_missing_url_is_refused_instead_of_creating_a_file_named_after_it(url, tmp_path, monkeypatch):
+    """Bug: ``str(None)`` became a SQLite file called ``None`` in the working directory."""
+    from kale_airflow.store.database import DatabaseError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DatabaseError, match="KALE_DATABASE_URL"):
+        normalize_url(url)
+    assert not list(tmp_path.iterdir())
