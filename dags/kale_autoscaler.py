@@ -9,7 +9,9 @@ from airflow.sdk import Param, dag, task
 
 from kale_airflow.config.schedules import schedule_from
 from kale_airflow.operators.failures import kale_default_args
+from kale_airflow.operators.promotion import model_asset
 from kale_airflow.operators.scale import ScaleWorkersOperator
+from kale_airflow.registry.mlflow_registry import FORECASTER_MODEL, THROUGHPUT_MODEL
 from kale_airflow.sensors.scaling import ScalingSensor
 
 DOC = """
@@ -17,7 +19,9 @@ DOC = """
 
 1. **wait_for_decision** (`ScalingSensor`, deferrable): every `poll_interval_s` reads
    traffic, backlog, freshness and worker throughput, loads the champion forecaster and
-   throughput model from MLflow (cached, reloaded when the `champion` alias moves), and
+   throughput model from MLflow (cached; reloaded when a retrain/refit announces a
+   promotion, the `kale://models/...` Asset event, or an alias moved by hand shows up at
+   the 10-minute check), and
    asks the Kale policy. Every decision, holds included, is recorded with its reason
    (in the control-plane database, `KALE_DATABASE_URL`; shown on the Kale page). It
    completes when the stabilized decision differs from the running worker count (or
@@ -59,6 +63,8 @@ DAG processor's environment, read at parse time without a metadata-DB lookup (de
 def kale_autoscaler():
     wait = ScalingSensor(task_id="wait_for_decision", poll_interval_s="{{ params.poll_interval_s }}",
                          max_polls="{{ params.max_polls }}", shadow="{{ params.shadow }}",
+                         # the champions it reloads when their promotion is announced (lineage in the graph)
+                         inlets=[model_asset(FORECASTER_MODEL), model_asset(THROUGHPUT_MODEL)],
                          doc_md="Deferred until Kale decides a rescale is due.")
     applied = ScaleWorkersOperator(task_id="scale_workers", decision=wait.output, shadow="{{ params.shadow }}",
                                    doc_md="Supersede the running generation; name the new one (shadow: nothing).")

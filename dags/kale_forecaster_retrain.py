@@ -7,6 +7,9 @@ from datetime import datetime
 from airflow.sdk import Param, dag, get_current_context, task
 
 from kale_airflow.config.schedules import schedule_from
+from kale_airflow.operators.failures import kale_default_args, no_retry_on_permanent_errors
+from kale_airflow.operators.promotion import model_asset
+from kale_airflow.registry.mlflow_registry import FORECASTER_MODEL
 
 DOC = """
 ### Kale: retrain the traffic forecaster
@@ -25,8 +28,16 @@ version tag `kale.selected`) and every candidate's scores (`candidate.<name>.mas
 `.smape`, `.mae`), which also appear in the version's description.
 
 With `auto_promote` on, a challenger with a lower MASE becomes `champion`; otherwise it is
-tagged `kale.review=pending` with the comparison in its description: review it in the
-MLflow UI and move the `champion` alias to promote it.
+tagged `kale.review=pending` with the comparison in its description (and the alert notifier
+says so): review it in the MLflow UI and move the `champion` alias to promote it.
+
+A promotion ends with `announce_champion`, whose outlet is the Asset
+`kale://models/forecaster`: the asset event (model, version) tells the autoscaler to reload
+its champions (skipped after a hold: no event).
+
+Retries: 2, 5 min apart with backoff, for transient faults (MLflow briefly unreachable);
+bad traffic history or a broken deployment file fails at once. A task that fails for good
+reaches the alert notifier.
 
 Schedule: Airflow Variable `kale_forecaster_retrain_schedule` (default `@daily`).
 """
@@ -40,6 +51,7 @@ Schedule: Airflow Variable `kale_forecaster_retrain_schedule` (default `@daily`)
     max_active_runs=1,
     tags=["kale", "mlflow"],
     doc_md=DOC,
+    default_args=kale_default_args(retries=2, retry_delay_s=300, backoff=True),
     params={
         "history_days": Param(14, type="number", exclusiveMinimum=0,
                               description="days of traffic history to train on (at least twice test_days)"),
@@ -58,6 +70,7 @@ Schedule: Airflow Variable `kale_forecaster_retrain_schedule` (default `@daily`)
 )
 def kale_forecaster_retrain():
     @task(doc_md="Read the traffic history into the run folder.")
+    @no_retry_on_permanent_errors
     def extract(params: dict | None = None) -> dict:
         from kale_airflow.config import settings
         from kale_airflow.pipelines.forecaster import extract_traffic
@@ -65,12 +78,14 @@ def kale_forecaster_retrain():
         return extract_traffic(settings(), get_current_context()["run_id"], float(params["history_days"]))
 
     @task(doc_md="Fail with the row and the problem on gaps, NaNs, bad values, too short or constant history.")
+    @no_retry_on_permanent_errors
     def validate(extracted: dict, params: dict | None = None) -> dict:
         from kale_airflow.pipelines.forecaster import validate_traffic
 
         return validate_traffic(extracted["path"], float(params["horizon_minutes"]), float(params["test_days"]))
 
     @task(doc_md="Train before the test window; backtest the challenger and the champion on it.")
+    @no_retry_on_permanent_errors
     def train_backtest(extracted: dict, report: dict, params: dict | None = None) -> dict:
         from kale_airflow.config import settings
         from kale_airflow.pipelines.forecaster import train_and_backtest
@@ -80,24 +95,31 @@ def kale_forecaster_retrain():
                                   params["forecaster_options"], source=extracted["source"])
 
     @task(doc_md="Log params, metrics, backtest plot, window and data hash; register with alias `challenger`.")
+    @no_retry_on_permanent_errors
     def register(summary: dict) -> dict:
         from kale_airflow.config import settings
         from kale_airflow.pipelines.forecaster import register_forecaster
 
         return register_forecaster(settings(), get_current_context()["run_id"], summary)
 
-    @task(doc_md="Promote to `champion` if configured and winning, else tag for review in MLflow.")
+    @task(doc_md="Promote to `champion` if configured and winning, else tag for review in MLflow (and alert).")
+    @no_retry_on_permanent_errors
     def promote_or_hold(summary: dict, registered: dict, params: dict | None = None) -> dict:
-        from kale_airflow.config import settings
-        from kale_airflow.pipelines.common import promote_or_hold as decide
-        from kale_airflow.registry.mlflow_registry import FORECASTER_MODEL
+        from kale_airflow.operators.promotion import review_challenger
 
-        return decide(settings(), FORECASTER_MODEL, registered["version"], summary["metrics"],
-                      summary["champion_metrics"], "mase", bool(params["auto_promote"]))
+        return review_challenger(FORECASTER_MODEL, "mase", summary, registered, bool(params["auto_promote"]))
+
+    @task(outlets=[model_asset(FORECASTER_MODEL)],
+          doc_md="A promotion: an asset event on `kale://models/forecaster` (the autoscaler reloads). A hold: skipped.")
+    @no_retry_on_permanent_errors
+    def announce_champion(result: dict) -> dict:
+        from kale_airflow.operators.promotion import announce_promotion
+
+        return announce_promotion(result, FORECASTER_MODEL, get_current_context())
 
     extracted = extract()
     summary = train_backtest(extracted, validate(extracted))
-    promote_or_hold(summary, register(summary))
+    announce_champion(promote_or_hold(summary, register(summary)))
 
 
 kale_forecaster_retrain()

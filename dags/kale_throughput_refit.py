@@ -8,6 +8,8 @@ from airflow.sdk import Param, dag, get_current_context, task
 
 from kale_airflow.config.schedules import schedule_from
 from kale_airflow.operators.failures import kale_default_args, no_retry_on_permanent_errors
+from kale_airflow.operators.promotion import model_asset
+from kale_airflow.registry.mlflow_registry import THROUGHPUT_MODEL
 
 DOC = """
 ### Kale: refit the throughput model
@@ -16,7 +18,8 @@ Reads (workers, samples/s) observations from the metrics source (workers record 
 the embedded default starts from the simulator's profiling run), fits the Ernest-style
 model on all but the newest `holdout_fraction`, scores it and the champion on those,
 registers `kale-throughput-model` with alias `challenger`, then promotes or holds it
-for review exactly like the forecaster.
+for review exactly like the forecaster. A promotion ends with `announce_champion`, an asset
+event on `kale://models/throughput` that tells the autoscaler to reload its champions.
 
 A challenger held for review and a task that fails for good (2 retries, 5 min apart with
 backoff; a broken deployment file is not retried) reach the configured alert notifier.
@@ -61,18 +64,20 @@ def kale_throughput_refit():
     @task(doc_md="Promote if configured and winning (lower relative RMSE), else tag for review (and alert).")
     @no_retry_on_permanent_errors
     def promote_or_hold(summary: dict, registered: dict, params: dict | None = None) -> dict:
-        from kale_airflow.config import settings
-        from kale_airflow.control.alerts import review_pending
-        from kale_airflow.pipelines.common import promote_or_hold as decide
-        from kale_airflow.registry.mlflow_registry import THROUGHPUT_MODEL
+        from kale_airflow.operators.promotion import review_challenger
 
-        result = decide(settings(), THROUGHPUT_MODEL, registered["version"], summary["metrics"],
-                        summary["champion_metrics"], "rel_rmse", bool(params["auto_promote"]))
-        review_pending(result, THROUGHPUT_MODEL)
-        return result
+        return review_challenger(THROUGHPUT_MODEL, "rel_rmse", summary, registered, bool(params["auto_promote"]))
+
+    @task(outlets=[model_asset(THROUGHPUT_MODEL)],
+          doc_md="A promotion: an asset event on `kale://models/throughput` (the autoscaler reloads). A hold: skipped.")
+    @no_retry_on_permanent_errors
+    def announce_champion(result: dict) -> dict:
+        from kale_airflow.operators.promotion import announce_promotion
+
+        return announce_promotion(result, THROUGHPUT_MODEL, get_current_context())
 
     summary = fit()
-    promote_or_hold(summary, register(summary))
+    announce_champion(promote_or_hold(summary, register(summary)))
 
 
 kale_throughput_refit()

@@ -15,7 +15,10 @@ def get_provider_info() -> dict:
         "operators": [{"integration-name": "Kale", "python-modules": ["kale_airflow.operators.rebalance",
                                                                       "kale_airflow.operators.scale"]}],
         "sensors": [{"integration-name": "Kale", "python-modules": ["kale_airflow.sensors.scaling"]}],
-        "hooks": [{"integration-name": "Kale", "python-modules": ["kale_airflow.registry.connection"]}],
+        "hooks": [{"integration-name": "Kale", "python-modules": ["kale_airflow.registry.connection",
+                                                                  "kale_airflow.stream.connection"]}],
         "connection-types": [{"connection-type": "kale_mlflow",
-                              "hook-class-name": "kale_airflow.registry.connection.KaleMlflowHook"}],
+                              "hook-class-name": "kale_airflow.registry.connection.KaleMlflowHook"},
+                             {"connection-type": "kale_kafka",
+                              "hook-class-name": "kale_airflow.stream.connection.KaleKafkaHook"}],
     }

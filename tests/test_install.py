@@ -45,7 +45,7 @@ from airflow.dag_processing.dagbag import DagBag
 bag = DagBag(dag_folder=sys.argv[1], safe_mode=False)
 from kale_airflow.ui.plugin import KalePlugin
 from kale_airflow.get_provider_info import get_provider_info
-import kale_airflow, kale_airflow.control.autoscaler, kale_airflow.registry.connection
+import kale_airflow, kale_airflow.control.autoscaler, kale_airflow.registry.connection, kale_airflow.stream.connection
 
 from kale_airflow.operators.failures import KaleFailure, fail_fast
 needs = {}

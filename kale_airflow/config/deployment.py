@@ -15,6 +15,7 @@ defaults for the embedded default. The Helm chart renders the same file into a C
     poll_interval_s: 15
     kale: {lookahead_s: 3600, forecast_quantile: 0.8}   # any KaleConfig field
     kubernetes: {image: ..., namespace: kale-training, gpus_per_worker: 1}
+    worker_device: auto                           # or cpu, cuda; worker_amp: true for bf16 on CUDA
 
 Types are strict (``"15"`` is not a number; an integer is a valid float); every error
 names the file, the field, what was expected and what was found.
@@ -131,6 +132,10 @@ class Deployment(BaseModel):
     training_dag_id: str = "kale_training"
     worker_batch_size: int = Field(512, ge=1)
     worker_step_time_s: float = Field(0.0, ge=0)
+    # The workers' torch device: auto (CUDA when the worker sees a GPU, else CPU), cpu, or cuda
+    # (a worker without a GPU fails, naming this setting); bf16 mixed precision on CUDA.
+    worker_device: Literal["auto", "cpu", "cuda"] = "auto"
+    worker_amp: bool = False
     # How long a new generation waits for the workers it supersedes to checkpoint and stop
     # (they notice within a report interval; pods get their grace period) before it fails.
     handover_timeout_s: float = Field(180.0, gt=0)

@@ -86,11 +86,17 @@ def task_failure_callback(context: dict) -> None:
     ti = context.get("ti") or context.get("task_instance")
     dag_id = getattr(ti, "dag_id", None) or getattr(context.get("dag"), "dag_id", "?")
     task_id = getattr(ti, "task_id", "?")
+    map_index = getattr(ti, "map_index", -1)
+    if isinstance(map_index, int) and map_index >= 0:  # one of a generation's mapped worker pods
+        task_id = f"{task_id}[{map_index}]"
     run_id = context.get("run_id") or getattr(ti, "run_id", "?")
     try_number = getattr(ti, "try_number", None)
+    generation = (context.get("params") or {}).get("generation")  # kale_training: the generation that failed
+    of_generation = f" of generation {generation}" if generation else ""
     exc = context.get("exception")
-    a.send("task_failed", f"{dag_id}.{task_id} failed",
-           f"{dag_id}.{task_id} (run {run_id}, try {try_number}) failed: {exc}", context)
+    a.send("task_failed", f"{dag_id}.{task_id}{of_generation} failed",
+           f"{dag_id}.{task_id}{of_generation} (run {run_id}, try {try_number}) failed for good: {exc}",
+           context)
 
 
 def review_pending(result: dict, model: str, logger: logging.Logger | None = None) -> bool:

@@ -1,7 +1,8 @@
 """The autoscaler's I/O around the pure Kale policy.
 
 Each ``poke(now)`` observes the stream and metrics, makes sure the champion models are
-loaded (cached; reloaded when the ``champion`` alias moves), asks the policy, records the
+loaded (cached; reloaded when the ``champion`` alias moves, which MLflow is asked about when a
+promotion was announced or every 10 minutes: :mod:`.promotions`), asks the policy, records the
 decision with its reason, and persists the policy's stabilization state so the next poke
 (or the next DAG run) continues where this one stopped.
 
@@ -27,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from kale_airflow.config import Config, load_config
+from kale_airflow.control.promotions import AnnouncedChampions
 from kale_airflow.core.policies import Decision, KalePolicy, Observation, Reason
 from kale_airflow.core.policies.kale import KnownCapacity, OnlineForecastSource, planned_downtime
 from kale_airflow.core.slices import slices_for
@@ -57,7 +59,7 @@ class Autoscaler:
         self.metrics = metrics if metrics is not None else open_metrics(self.settings.metrics_source,
                                                                         self.settings.database_url)
         self.state = store or StateStore(self.settings.database_url)
-        self.registry = registry or MlflowChampions(self.settings.mlflow_uri)
+        self.registry = registry or AnnouncedChampions(MlflowChampions(self.settings.mlflow_uri), self.state)
         self.list_pods = pods or self._list_worker_pods
         self.policy: KalePolicy | None = None
         self.versions: tuple[str, str] | None = None
@@ -140,7 +142,7 @@ class Autoscaler:
         meta = self.state.get_value("generation_meta") or {}
         if cur and cur["generation"] != rec["generation"] and meta.get("since") and cur["workers"]:
             seen = self.state.workers_seen(cur["generation"])
-            started = [r.get("started", r["heartbeat"]) for r in seen.values()]
+            started = [r["started"] for r in seen.values() if "started" in r]
             if len(started) >= cur["workers"]:
                 pause = max(0.0, max(started) - meta["since"])
                 rec = {"generation": cur["generation"], "pauses": (rec["pauses"] + [round(pause, 3)])[-PAUSES_KEPT:]}

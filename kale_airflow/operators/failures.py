@@ -3,8 +3,9 @@
 A module of an optional extra that is not installed (torch, NeuralProphet, Kafka, ...)
 fails the same way, with the ``pip install 'kale-airflow[EXTRA]'`` command to run.
 
-A wrong deployment file, a trace that fails validation, a control-plane database of another
-schema version or an impossible rebalance stay wrong on the next try: the glue re-raises
+A wrong deployment file, a trace that fails validation, a forecaster given bad options or
+unusable history, a control-plane database of another schema version or an impossible
+rebalance stay wrong on the next try: the glue re-raises
 them as ``AirflowFailException`` (the message kept), so Airflow skips the retries the DAGs'
 ``default_args`` grant to transient faults (a database or MLflow briefly unreachable)."""
 
@@ -20,11 +21,12 @@ from airflow.sdk.exceptions import AirflowFailException
 def permanent_errors() -> tuple[type[BaseException], ...]:
     """The error classes no retry can fix."""
     from kale_airflow.config import ConfigError
+    from kale_airflow.core.forecast import ForecastError
     from kale_airflow.core.rebalance import RebalanceError
     from kale_airflow.core.traffic import TraceError
     from kale_airflow.store.database import SchemaVersionError
 
-    return ConfigError, TraceError, SchemaVersionError, RebalanceError
+    return ConfigError, TraceError, SchemaVersionError, RebalanceError, ForecastError
 
 
 # Modules of the optional extras (pip install 'kale-airflow[EXTRA]').

@@ -30,6 +30,8 @@ class WorkerSpec:
     database_url: str | None = field(default=None, repr=False)
     batch_size: int = 512
     extra_args: list[str] = field(default_factory=list)
+    device: str = "auto"  # the worker's --device: auto, cpu or cuda
+    amp: bool = False     # the worker's --amp: bf16 autocast on CUDA
 
     def environment(self) -> dict[str, str]:
         """Environment variables every worker needs besides its command (``KALE_DATABASE_URL``)."""
@@ -48,6 +50,7 @@ class WorkerSpec:
         cmd = ["python", "-m", "kale_airflow.runtime.worker", "--stream", self.stream_url, "--group", self.group,
                "--assignment", doc, "--generation", generation, "--checkpoint-dir", self.checkpoint_dir,
                "--batch-size", str(self.batch_size)]
+        cmd += (["--device", self.device] if self.device != "auto" else []) + (["--amp"] if self.amp else [])
         return cmd + self.extra_args
 
 

@@ -155,3 +155,22 @@ def test_kale_mlflow_connection_fields(fields, uri, monkeypatch):
     assert os.environ["MLFLOW_TRACKING_USERNAME"] == "me"
     assert {"connection-type": "kale_mlflow", "hook-class-name": "kale_airflow.registry.connection.KaleMlflowHook"} \
         in get_provider_info()["connection-types"]
+
+
+def test_the_kale_kafka_connection_type_is_declared_and_is_what_the_kafka_stream_reads(monkeypatch):
+    """Airflow's providers manager lists the hook under the declared type (a misnamed class or a
+    conn_type that differs from the declaration drops it), and a connection of that type gives
+    the Kafka stream its brokers and SASL settings (a type the stream refused would raise)."""
+    from airflow.sdk.providers_manager_runtime import ProvidersManagerTaskRuntime
+
+    from kale_airflow.stream.connection import KaleKafkaHook
+
+    info = ProvidersManagerTaskRuntime().hooks["kale_kafka"]
+    assert (info.hook_class_name, info.package_name) == ("kale_airflow.stream.connection.KaleKafkaHook", "kale-airflow")
+    monkeypatch.setenv("AIRFLOW_CONN_KALE_KAFKA", json.dumps({
+        "conn_type": "kale_kafka", "host": "b1.example:9093,b2.example:9093", "login": "alice", "password": "pw",
+        "extra": {"ssl.ca.location": "/etc/ca.pem"}}))
+    assert KaleKafkaHook().config() == ("b1.example:9093,b2.example:9093", {
+        "ssl.ca.location": "/etc/ca.pem", "sasl.username": "alice", "sasl.password": "pw",
+        "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN"})
+    assert KaleKafkaHook.get_ui_field_behaviour()["relabeling"]["host"] == "Bootstrap servers"

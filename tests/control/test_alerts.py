@@ -92,6 +92,16 @@ def test_a_failed_task_alerts_through_the_on_failure_callback(tmp_path):
     assert len(SENT) == 1
 
 
+def test_a_worker_pod_out_of_retries_names_its_generation_and_worker(tmp_path):
+    """The mapped pod task of kale_training: which generation and which worker (the slow
+    tests/dags/test_training_alerts.py runs the DAG through the pods' retries for real)."""
+    configure(tmp_path)
+    ti = SimpleNamespace(dag_id="kale_training", task_id="worker_pods", map_index=2, run_id="manual__2", try_number=4)
+    task_failure_callback({"ti": ti, "params": {"workers": 4, "generation": "g7"}, "exception": RuntimeError("boom")})
+    assert SENT[0]["subject"] == "kale_training.worker_pods[2] of generation g7 failed"
+    assert "try 4" in SENT[0]["message"] and "boom" in SENT[0]["message"]
+
+
 def test_a_challenger_held_for_review_alerts(tmp_path):
     configure(tmp_path)
     assert review_pending({"version": "7", "promoted": True, "reason": "wins"}, "kale-throughput-model") is False

@@ -88,6 +88,6 @@ def test_schedules_come_from_the_environment_without_variable_reads(tmp_path):
     assert res["calls"] == [] and res["errors"] == {}
     assert res["schedules"]["kale_throughput_refit"] == "@daily"  # AIRFLOW_VAR_* route
     assert res["schedules"]["kale_autoscaler"] == "@continuous"  # the default
-    assert res["retries"] == {"kale_autoscaler": 2, "kale_forecaster_retrain": res["retries"]["kale_forecaster_retrain"],
+    assert res["retries"] == {"kale_autoscaler": 2, "kale_forecaster_retrain": 2,
                               "kale_throughput_refit": 2, "kale_training": 2}
     assert res["shadow_param"]

@@ -79,11 +79,33 @@ def test_unknown_forecaster_option_fails_training_naming_the_accepted_ones(airfl
     assert alias_version(airflow_home.mlflow_uri, FORECASTER_MODEL, "challenger") is None
 
 
+def asset_events(home) -> list:
+    """(asset URI, extra) of every asset event in the run's Airflow metadata database."""
+    import json
+    import sqlite3
+
+    with sqlite3.connect(home.path / "airflow.db") as db:
+        rows = db.execute("SELECT a.uri, e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id").fetchall()
+    return [(u, json.loads(x) if isinstance(x, str) else x) for u, x in rows]
+
+
 def test_throughput_refit_registers_and_promotes(airflow_home):
     run = airflow_home.run("kale_throughput_refit")
     assert run.state == "success", run.log[-3000:]
     uri = airflow_home.mlflow_uri
     assert alias_version(uri, THROUGHPUT_MODEL, "champion") == "1"
+    # The promotion is an asset event (what Airflow's asset views and asset-scheduled DAGs see)
+    # and a row the autoscaler checks at each poke.
+    from kale_airflow.control.promotions import PROMOTION_KEY
+    from kale_airflow.store import StateStore
+
+    assert run.tasks["announce_champion"] == "success"
+    [(asset, extra)] = asset_events(airflow_home)
+    assert asset == "kale://models/throughput" and (extra["model"], extra["version"]) == (THROUGHPUT_MODEL, "1")
+    assert StateStore(f"sqlite:///{airflow_home.kale_home / 'kale.db'}").get_value(PROMOTION_KEY) == extra
+    held = airflow_home.run("kale_throughput_refit", {"auto_promote": False})
+    assert held.state == "success" and held.tasks["announce_champion"] == "skipped", held.log[-3000:]
+    assert len(asset_events(airflow_home)) == 1  # a challenger held for review announces nothing
     import mlflow.pyfunc
 
     mlflow.set_tracking_uri(uri)
@@ -117,8 +139,9 @@ def test_bad_history_fails_validation_and_changes_no_alias(airflow_home, values,
 
 
 def test_unreachable_mlflow_fails_with_a_clear_message(airflow_home):
+    # An unreachable MLflow is retried (2 retries, 5 min apart and more): run the last try.
     run = airflow_home.run("kale_forecaster_retrain", {"forecaster": "seasonal", "history_days": 7},
-                           extra_env={"KALE_MLFLOW_URI": "http://127.0.0.1:9"})
+                           extra_env={"KALE_MLFLOW_URI": "http://127.0.0.1:9"}, retries=0)
     assert run.state == "failed"
     assert run.tasks["train_backtest"] == "failed"
     assert "MLflow at http://127.0.0.1:9 is unreachable" in run.log
