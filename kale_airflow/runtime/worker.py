@@ -58,6 +58,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kale_airflow.core.errors import KaleError
 from kale_airflow.core.slices import Slice, slices_for
 from kale_airflow.runtime import exposition
 
@@ -82,12 +83,39 @@ def start_positions(slices: list[Slice], committed: dict[Slice, int], checkpoint
     return out
 
 
-def parameter_hash(model) -> str:
+def parameter_hash(model) -> str:  # pragma: no mutate block
     """SHA-1 of every parameter's bytes (identical across ranks of a synchronized job)."""
     h = hashlib.sha1()
     for t in model.state_dict().values():
         h.update(t.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
+
+
+class DeviceError(KaleError, RuntimeError):
+    """The configured training device is not there; the message says which setting and what to do."""
+
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def select_device(requested: str = "auto", rank: int = 0):  # pragma: no mutate block
+    """The torch device a rank trains on. ``cpu``; ``cuda`` (a :class:`DeviceError` when torch
+    sees no GPU: a job configured for GPUs must not crawl on a CPU unnoticed); ``auto``: CUDA
+    when torch sees a GPU, else CPU. The GPU index is ``$LOCAL_RANK``, else the rank modulo the
+    visible GPUs."""
+    import torch
+
+    if requested not in DEVICES:
+        raise DeviceError(f"worker_device {requested!r} is not one of {', '.join(DEVICES)}")
+    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise DeviceError(
+            f"worker_device is 'cuda' (the deployment's worker_device, the worker's --device or $KALE_WORKER_DEVICE) "
+            f"but torch {torch.__version__} (CUDA build: {torch.version.cuda or 'none'}) sees no GPU. Give the worker "
+            "a GPU (kubernetes.gpus_per_worker, an image with a CUDA build of torch, the NVIDIA device plugin), or "
+            "set worker_device: auto (CUDA when present, else CPU) or cpu")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count())))
 
 
 class Worker:
@@ -96,7 +124,8 @@ class Worker:
     def __init__(self, stream, group: str, slices: list[Slice], checkpoint_dir: str | Path, worker_id: int = 0,
                  generation: str = "0", workers_total: int = 1, batch_size: int = 512, lr: float = 0.01,
                  checkpoint_every: int = 50, metrics=None, control=None, audit: str | Path | None = None,
-                 seed: int = 0, step_time_s: float = 0.0, step_log: str | Path | None = None):
+                 seed: int = 0, step_time_s: float = 0.0, step_log: str | Path | None = None,
+                 device: str = "auto", amp: bool = False):  # pragma: no mutate block
         import torch
         import torch.distributed as dist
 
@@ -117,10 +146,10 @@ class Worker:
         self.audit = Path(audit) if audit else None
         self.step_log = Path(step_log) if step_log else None
         self.run_id = uuid.uuid4().hex[:8]  # one per process start: tells replayed steps apart in audits
-        self.device = torch.device("cpu")
-        if self.distributed and dist.get_backend() == "nccl":
-            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", self.rank % torch.cuda.device_count())))
+        self.device = select_device(device, self.rank)
+        if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        self.amp = amp and self.device.type == "cuda"  # bf16 autocast on CUDA only: the CPU path stays float32
         torch.manual_seed(seed)
         self.module = CTRModel().to(self.device)
         self.optim = torch.optim.Adam(self.module.parameters(), lr=lr)
@@ -142,7 +171,7 @@ class Worker:
         return f"{self.group}/{s.group_suffix}"
 
     # -------------------------------------------------------------- collectives
-    def _broadcast(self, obj):
+    def _broadcast(self, obj):  # pragma: no mutate block
         import torch.distributed as dist
 
         if not self.distributed:
@@ -151,7 +180,7 @@ class Worker:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def _gather(self, obj) -> list:
+    def _gather(self, obj) -> list:  # pragma: no mutate block
         import torch.distributed as dist
 
         if not self.distributed:
@@ -160,7 +189,7 @@ class Worker:
         dist.all_gather_object(out, obj)
         return out
 
-    def _all_sum(self, values: list[float]) -> list[float]:
+    def _all_sum(self, values: list[float]) -> list[float]:  # pragma: no mutate block
         import torch
         import torch.distributed as dist
 
@@ -208,7 +237,7 @@ class Worker:
             try:
                 state = torch.load(self.checkpoint_path, map_location="cpu", weights_only=False)
             except Exception as exc:  # noqa: BLE001 - a foreign or damaged file: start afresh, say so
-                log.warning("cannot read checkpoint %s (%s); starting a new model", self.checkpoint_path, exc)
+                log.warning("cannot read checkpoint %s (%s); starting a new model", self.checkpoint_path, exc)  # pragma: no mutate
         state = self._broadcast(state)
         if state is None:
             return []
@@ -216,8 +245,10 @@ class Worker:
         self.optim.load_state_dict(state["optim"])
         self.steps = self.restored_step = state["steps"]
         self.restored_from = str(self.checkpoint_path)
+        # pragma: no mutate start
         log.info("restored %s (step %d, generation %s, world size %s)", CHECKPOINT, self.steps,
                  state.get("generation"), state.get("world_size"))
+        # pragma: no mutate end
         if state.get("group", self.group) != self.group:  # positions of another consumer group: not ours
             return []
         return [tuple(row) for row in state.get("slices", [])]
@@ -232,26 +263,21 @@ class Worker:
         for s in self.slices:
             pos = self.positions[s]
             want = int(math.ceil(per / max(s.hi - s.lo, 1e-3)))
-            recs = self.stream.read(s.partition, pos, want)
-            if not recs:
+            offsets, payloads = self.stream.read_payloads(s.partition, pos, want)  # no object per sample
+            if not payloads:
                 continue
-            read += len(recs)
-            offsets = np.fromiter((r.offset for r in recs), dtype=np.int64, count=len(recs))
-            keep = s.mask(offsets)
-            samples, bad = unpack([r.payload for r, k in zip(recs, keep) if k])
+            read += len(payloads)
+            samples, bad = unpack(payloads, s.mask(offsets))
             self.malformed += bad
             parts.append(samples)
             new_pos[s] = int(offsets[-1]) + 1
             audit.append((s, pos, int(offsets[-1]) + 1, len(samples)))
         return parts, new_pos, audit, read
 
-    def step(self, stop: bool = False) -> tuple[int, int, bool]:
+    def step(self, stop: bool = False) -> tuple[int, int, bool]:  # pragma: no mutate block
         """One synchronized step (collective: every rank calls it the same number of times).
 
         Returns (samples this rank trained, samples the job trained, stop agreed by any rank)."""
-        import torch
-
-        from kale_airflow.runtime.model import to_tensors
         from kale_airflow.runtime.samples import DTYPE
 
         t0 = time.perf_counter()
@@ -271,12 +297,7 @@ class Worker:
         weight = 1.0
         if not n:  # this rank ran dry: one dummy sample with weight 0 keeps it in the all-reduce
             data, weight = np.zeros(1, dtype=DTYPE), 0.0
-        user, item, dense, label = (t.to(self.device) for t in to_tensors(data))
-        self.optim.zero_grad()
-        losses = self.loss_fn(self.model(user, item, dense), label)
-        # sum / global count * world: DDP's average of these gradients is the global batch's mean gradient
-        (losses.sum() * (weight * self.world / total)).backward()
-        self.optim.step()
+        losses = self.train_batch(data, weight, total)
         if n:
             self.last_loss = float(losses.mean().item())
         if self.step_time_s and n:  # demo emulation of an accelerator's step time on CPU (labelled as such)
@@ -290,12 +311,34 @@ class Worker:
         self._window_samples += total
         return n, total, False
 
+    def train_batch(self, data: np.ndarray, weight: float = 1.0, total: int | None = None):  # pragma: no mutate block
+        """Forward, backward and optimizer step on this rank's samples; returns the per-sample losses.
+        On CUDA the batch goes through pinned host memory with asynchronous copies, and the forward
+        pass runs under bf16 autocast when ``amp`` is on."""
+        import contextlib
+
+        import torch
+
+        from kale_airflow.runtime.model import to_tensors
+
+        tensors = to_tensors(data)
+        if self.device.type == "cuda":
+            tensors = tuple(t.pin_memory().to(self.device, non_blocking=True) for t in tensors)
+        user, item, dense, label = tensors
+        self.optim.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16) if self.amp else contextlib.nullcontext():
+            losses = self.loss_fn(self.model(user, item, dense), label)
+        # sum / global count * world: DDP's average of these gradients is the global batch's mean gradient
+        (losses.sum() * (weight * self.world / (total or len(data)))).backward()
+        self.optim.step()
+        return losses
+
     _window_start: float | None = None
     _window_samples: int = 0
     _dry: bool = False
     idle: bool = False
 
-    def _write_audit(self, audit: list, t0: float) -> None:
+    def _write_audit(self, audit: list, t0: float) -> None:  # pragma: no mutate block
         """Per step: what reached the model (slice, offset range, samples), and the parameters' hash."""
         if self.audit is None and self.step_log is None:
             return
@@ -316,7 +359,7 @@ class Worker:
                 fh.flush()
                 os.fsync(fh.fileno())
 
-    def _report(self) -> None:
+    def _report(self) -> None:  # pragma: no mutate block
         """Rank 0 records the job's samples/s over the last window, but only for windows in
         which no rank ran dry: a starved job measures traffic, not capacity."""
         start, n, dry = self._window_start, self._window_samples, self._dry
@@ -326,11 +369,11 @@ class Worker:
         rate = n / (time.perf_counter() - start)
         self.metrics.write_throughput([time.time()], [self.world], [rate])
 
-    def _seen(self, state: str) -> None:
+    def _seen(self, state: str) -> None:  # pragma: no mutate block
         if self.control is not None:
             self.control.worker_seen(self.generation, self.worker_id, state)
 
-    def superseded(self) -> bool:
+    def superseded(self) -> bool:  # pragma: no mutate block
         """True when the control store names another generation as current."""
         if self.control is None:
             return False
@@ -338,7 +381,7 @@ class Worker:
         return current is not None and current != self.generation
 
     def run(self, max_steps: int | None = None, idle_sleep: float = 0.2, report_every_s: float = 5.0,
-            exit_when_idle: bool = False) -> dict:
+            exit_when_idle: bool = False) -> dict:  # pragma: no mutate block
         """Train until stopped (SIGTERM on any rank, superseded, ``max_steps`` more steps, or idle when asked);
         every decision to stop is agreed in a step's all-reduce, so all ranks stop together."""
         last_report = time.monotonic()
@@ -383,11 +426,11 @@ class Worker:
 
 # ------------------------------------------------------------------ rendezvous
 def rendezvous(address: str | None, rank: int, world: int, generation: str, control=None,
-               timeout_s: float = 600.0):
-    """Join the generation's process group; returns the backend name (None: no group)."""
+               timeout_s: float = 600.0, device: str = "auto"):  # pragma: no mutate block
+    """Join the generation's process group (NCCL when this rank trains on CUDA, else gloo);
+    returns the backend name (None: no group)."""
     import datetime
 
-    import torch
     import torch.distributed as dist
 
     if not address:
@@ -396,7 +439,7 @@ def rendezvous(address: str | None, rank: int, world: int, generation: str, cont
         return None
     host, _, port_text = address.rpartition(":")
     port = int(port_text or DEFAULT_PORT)
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    backend = "nccl" if select_device(device, rank).type == "cuda" else "gloo"
     deadline = time.monotonic() + timeout_s
     key = RENDEZVOUS_KEY.format(generation=generation)
     while True:
@@ -430,7 +473,7 @@ def rendezvous(address: str | None, rank: int, world: int, generation: str, cont
         time.sleep(1.0)
 
 
-def build_arg_parser() -> argparse.ArgumentParser:
+def build_arg_parser() -> argparse.ArgumentParser:  # pragma: no mutate block
     """Arguments of the worker (rank) command."""
     ap = argparse.ArgumentParser(prog="python -m kale_airflow.runtime.worker",
                                  description="Reference online-training job (one rank) for kale-airflow.")
@@ -455,12 +498,18 @@ def build_arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--step-time", type=float, default=0.0,
                     help="EMULATION: minimum seconds per step of --batch-size samples, to stand in for a GPU's "
                     "step time on a CPU (demos); 0 (default) measures the real job")
+    ap.add_argument("--device", choices=DEVICES, default=os.environ.get("KALE_WORKER_DEVICE", "auto"),
+                    help="auto (CUDA when torch sees a GPU, else CPU), cpu, or cuda (fails without a GPU); "
+                    "default $KALE_WORKER_DEVICE, else auto (the deployment's worker_device)")
+    ap.add_argument("--amp", action="store_true",
+                    default=os.environ.get("KALE_WORKER_AMP", "").lower() in ("1", "true", "yes"),
+                    help="bf16 mixed precision (torch.autocast) on CUDA; ignored on CPU (default $KALE_WORKER_AMP)")
     ap.add_argument("--max-steps", type=int, help="stop after this many steps of this process (tests, batch jobs)")
     ap.add_argument("--exit-when-idle", action="store_true", help="stop when no rank has data (batch jobs, tests)")
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:  # pragma: no mutate block
     """Entry point; exits 0 after a clean stop."""
     args = build_arg_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank {args.worker_id} %(message)s")
@@ -489,19 +538,20 @@ def main(argv: list[str] | None = None) -> int:
         from kale_airflow.store import StateStore
 
         metrics, control = EmbeddedMetrics(url, seed=False), StateStore(url)
-    backend = rendezvous(args.rendezvous, args.worker_id, total, args.generation, control)
+    backend = rendezvous(args.rendezvous, args.worker_id, total, args.generation, control, device=args.device)
     worker = Worker(open_stream(args.stream), args.group, slices, args.checkpoint_dir, args.worker_id,
                     args.generation, total, args.batch_size, checkpoint_every=args.checkpoint_every,
                     metrics=metrics, control=control, audit=args.audit, step_time_s=args.step_time,
-                    step_log=args.step_log)
+                    step_log=args.step_log, device=args.device, amp=args.amp)
     try:  # /metrics on $KALE_METRICS_PORT, when set
         exposition.serve(None, worker=args.worker_id, generation=args.generation, workers=total,
                          restored=worker.restored_from is not None)
     except OSError as exc:  # metrics are not worth stopping the training job for
         log.warning("cannot serve /metrics on port %s (%s); training without it",
                     os.environ.get("KALE_METRICS_PORT"), exc)
-    log.info("joined a job of %d rank(s) (%s), generation %s, %d slice(s), restored from %s at step %d", total,
-             backend or "no process group", args.generation, len(slices), worker.restored_from, worker.steps)
+    log.info("joined a job of %d rank(s) (%s) on %s%s, generation %s, %d slice(s), restored from %s at step %d",
+             total, backend or "no process group", worker.device, " (bf16 autocast)" if worker.amp else "",
+             args.generation, len(slices), worker.restored_from, worker.steps)
     worker.run(max_steps=args.max_steps, exit_when_idle=args.exit_when_idle, report_every_s=args.report_every)
     if backend:
         import torch.distributed as dist

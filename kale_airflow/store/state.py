@@ -96,21 +96,28 @@ class StateStore:
 
     def worker_seen(self, generation: str, worker_id: int, state: str, now: float | None = None) -> None:
         """A worker's heartbeat: ``running`` (at start and every report) or ``stopped`` (after
-        its final checkpoint). A generation's handover waits on these. The record keeps
-        ``started``, the first heartbeat: when the worker began training (the measured end of
-        a rescale's pause)."""
-        key, now = f"worker/{generation}/{worker_id}", time.time() if now is None else now
-        with self.db.begin() as c:  # read and write in one transaction: ``started`` survives every heartbeat
-            old = c.execute(select(control.c.value).where(control.c.key == key)).scalar()
-            started = json.loads(old).get("started", now) if old is not None else now
-            c.execute(self._upsert(key, json.dumps({"state": state, "heartbeat": now, "started": started})))
+        its final checkpoint). A generation's handover waits on these. The first ``running``
+        heartbeat is also kept as ``started``: when the worker began training (the measured
+        end of a rescale's pause). Writes only (an upsert and an insert-if-absent), so SQLite
+        takes its write lock at the first statement instead of upgrading a read lock."""
+        now = time.time() if now is None else now
+        with self.db.begin() as c:
+            c.execute(self._upsert(f"worker/{generation}/{worker_id}", json.dumps({"state": state, "heartbeat": now})))
+            if state == "running":
+                c.execute(self.db.insert(control).values(key=f"started/{generation}/{worker_id}", value=json.dumps(now))
+                          .on_conflict_do_nothing(index_elements=[control.c.key]))
 
     def workers_seen(self, generation: str) -> dict[int, dict]:
-        """{worker id: last heartbeat record} of a generation's workers."""
-        prefix = f"worker/{generation}/"
+        """{worker id: last heartbeat record, with ``started`` once it ran} of a generation's workers."""
+        seen, started = f"worker/{generation}/", f"started/{generation}/"
         with self.db.connect() as c:
-            rows = c.execute(select(control.c.key, control.c.value).where(control.c.key.startswith(prefix))).all()
-        return {int(k[len(prefix):]): json.loads(v) for k, v in rows}
+            rows = c.execute(select(control.c.key, control.c.value)
+                             .where(control.c.key.startswith(seen) | control.c.key.startswith(started))).all()
+        out = {int(k[len(seen):]): json.loads(v) for k, v in rows if k.startswith(seen)}
+        for k, v in rows:
+            if k.startswith(started) and int(k[len(started):]) in out:
+                out[int(k[len(started):])]["started"] = json.loads(v)
+        return out
 
     def running_workers(self) -> list[tuple[str, int, dict]]:
         """(generation, worker id, heartbeat record) of every worker whose last word was ``running``."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 from kale_airflow.core.errors import KaleError
 
 
@@ -30,6 +32,12 @@ class Stream(Protocol):
     def append(self, partition: int, payloads: list[bytes], ts: float | None = None) -> int: ...
 
     def read(self, partition: int, offset: int, max_records: int) -> list[Record]: ...
+
+    def read_payloads(self, partition: int, offset: int, max_records: int) -> tuple[np.ndarray, list[bytes]]:
+        """The records ``read`` returns, column-wise and without a :class:`Record` each:
+        (their offsets as an int64 array, ascending, gaps possible; their payloads). The
+        worker's hot path."""
+        ...
 
     def commit(self, group: str, offsets: dict[int, int]) -> None: ...
 

@@ -11,6 +11,8 @@ import sqlite3
 import time
 from pathlib import Path
 
+import numpy as np
+
 from kale_airflow.stream.base import Record, StreamError
 
 SCHEMA = """
@@ -78,6 +80,15 @@ class EmbeddedStream:
         rows = self._db.execute("SELECT offset, ts, payload FROM records WHERE partition = ? AND offset >= ? "
                                 "ORDER BY offset LIMIT ?", (partition, offset, max_records)).fetchall()
         return [Record(partition, o, t, p) for o, t, p in rows]
+
+    def read_payloads(self, partition: int, offset: int, max_records: int) -> tuple[np.ndarray, list[bytes]]:
+        """What :meth:`read` returns, column-wise: (offsets as int64, payloads)."""
+        rows = self._db.execute("SELECT offset, payload FROM records WHERE partition = ? AND offset >= ? "
+                                "ORDER BY offset LIMIT ?", (partition, offset, max_records)).fetchall()
+        if not rows:
+            return np.zeros(0, dtype=np.int64), []
+        offsets, payloads = zip(*rows)
+        return np.array(offsets, dtype=np.int64), list(payloads)
 
     def commit(self, group: str, offsets: dict[int, int]) -> None:
         """Store the next offsets to read for a group, atomically for all partitions given."""

@@ -11,6 +11,9 @@ Design (one process = one :class:`KafkaStream`):
   partition (which read the same records at nearby offsets and keep every k-th of them)
   share one fetch. A buffer that runs far ahead of its readers pauses its partition. The end
   of a partition is known from librdkafka's partition-EOF event, not from a watermark query.
+  Buffers are column-wise (offsets, payloads, timestamps; no message object survives its
+  batch, and the cyclic GC is paused while a batch is filed), and ``read_payloads`` hands the
+  worker offsets and payloads without a :class:`Record` per sample.
 - **Commits**: per consumer group (Kale keeps one group per slice) with the AdminClient's
   ``alter_consumer_group_offsets``: no consumer per group. ``commit()`` sends the request and
   returns; every outstanding commit is awaited before the next ``read``/``committed``/``lag``
@@ -22,7 +25,8 @@ Design (one process = one :class:`KafkaStream`):
 - **Group offsets, watermarks, arrivals**: one AdminClient call for all partitions
   (``list_consumer_group_offsets`` per group, ``list_offsets`` latest / for a timestamp), no
   consumer per call. The end offset of a partition this process reads is also bounded below
-  by what it has fetched.
+  by what it has fetched. ``kale.arrivals: end-offsets`` counts arrivals from the end offsets
+  the process observes over time instead of Kafka's time index (for brokers without one).
 - **Appends**: one idempotent producer (``linger.ms=5``): ``produce`` every payload, one
   ``flush`` per call.
 
@@ -30,8 +34,8 @@ Settings: ``kafka://HOST:PORT[,HOST:PORT]/TOPIC`` or ``airflow-conn://CONN_ID/TO
 Airflow Connection of type ``kafka``: host/port → ``bootstrap.servers``, login/password →
 SASL username/password, extra JSON → librdkafka settings), plus the environment variable
 ``KALE_KAFKA_CONFIG`` (a JSON object of librdkafka settings; keys prefixed ``producer.`` or
-``consumer.`` go to that client only). Credentials never go in URLs; reprs and errors mask
-them.
+``consumer.`` go to that client only; keys prefixed ``kale.`` are Kale's own: ``kale.arrivals``).
+Credentials never go in URLs; reprs and errors mask them.
 """
 
 from __future__ import annotations
@@ -39,21 +43,33 @@ from __future__ import annotations
 import atexit
 import bisect
 import contextlib
+import gc
 import json
 import os
 import time
 import weakref
+from itertools import pairwise
+from operator import itemgetter, methodcaller
 from urllib.parse import urlparse
+
+import numpy as np
 
 from kale_airflow.stream.base import Record, StreamError
 
+_ERROR, _PARTITION, _OFFSET, _VALUE, _TIMESTAMP = (methodcaller(n) for n in ("error", "partition", "offset", "value",
+                                                                             "timestamp"))
+_MS = itemgetter(1)
+ARRIVALS = ("timestamps", "end-offsets")  # kale.arrivals: how arrivals() counts
 OFFSET_INVALID = -1001  # librdkafka: no committed offset / unknown watermark
 CONFIG_ENV = "KALE_KAFKA_CONFIG"
 SECRET_WORDS = ("password", "secret", "jaas", "token", "oauthbearer.config", "ssl.key.pem", "keystore")
 
 PRODUCER_DEFAULTS = {"enable.idempotence": True, "linger.ms": 5}
+# fetch.wait.max.ms: a partition resumed or moved by seek waits for the fetch in flight (a
+# long poll of the other partitions, librdkafka's default 500 ms); 100 ms bounds that wait
+# at the price of at most 10 empty fetches a second per broker when nothing arrives.
 CONSUMER_DEFAULTS = {"group.id": "kale-reader", "enable.auto.commit": False, "enable.auto.offset.store": False,
-                     "auto.offset.reset": "earliest", "enable.partition.eof": True}
+                     "auto.offset.reset": "earliest", "enable.partition.eof": True, "fetch.wait.max.ms": 100}
 
 
 def mask(config: dict) -> dict:
@@ -86,9 +102,9 @@ def connection_config(conn_id: str) -> tuple[str, dict]:
         conn = BaseHook.get_connection(conn_id)
     except Exception as exc:  # noqa: BLE001 - AirflowNotFoundException and friends
         raise StreamError(f"Airflow connection {conn_id!r} cannot be read: {type(exc).__name__}: {exc}") from None
-    if conn.conn_type and conn.conn_type.lower() not in ("kafka",):
+    if conn.conn_type and conn.conn_type.lower() not in ("kale_kafka", "kafka"):
         raise StreamError(f"Airflow connection {conn_id!r} is of type {conn.conn_type!r}; a Kafka stream "
-                          "needs a connection of type 'kafka'")
+                          "needs a connection of type 'kale_kafka' (or the Kafka provider's 'kafka')")
     config = dict(conn.extra_dejson or {})
     bootstrap = config.pop("bootstrap.servers", None)
     if not bootstrap:
@@ -108,35 +124,108 @@ def connection_config(conn_id: str) -> tuple[str, dict]:
 
 
 class _Buffer:
-    """Records of one partition fetched from ``start`` on, contiguous up to ``next``."""
+    """Records of one partition fetched from ``start`` on, contiguous up to ``next``, kept
+    column-wise: offsets, payloads and timestamps (ms). No message object is kept: they are
+    tracked by Python's garbage collector, and thousands of them surviving in a buffer made
+    every consumed batch trigger collections of the whole heap."""
 
-    __slots__ = ("eof", "next", "offsets", "paused", "records", "start")
+    __slots__ = ("eof", "next", "offsets", "partition", "paused", "start", "times", "values")
 
-    def __init__(self, offset: int):
+    def __init__(self, partition: int, offset: int):
+        self.partition = partition
         self.reset(offset)
         self.paused = False
 
     def reset(self, offset: int) -> None:
         self.start = self.next = offset
         self.offsets: list[int] = []
-        self.records: list[Record] = []
+        self.values: list[bytes] = []
+        self.times: list[int] = []
         self.eof = False
 
     def covers(self, offset: int) -> bool:
         return self.start <= offset <= self.next
 
-    def take(self, offset: int, n: int) -> list[Record]:
+    def add(self, offsets: list[int], values: list, times: list[int]) -> None:
+        """Append fetched messages (ascending offsets); those below ``next`` (from before a
+        seek) are dropped. Offsets may jump (compaction, transaction markers)."""
+        k = bisect.bisect_left(offsets, self.next) if offsets[0] < self.next else 0
+        if k < len(offsets):
+            self.offsets += offsets[k:]
+            self.values += values[k:]
+            self.times += times[k:]
+            self.next = offsets[-1] + 1
+            self.eof = False
+
+    def span(self, offset: int, n: int) -> tuple[int, int]:
         i = bisect.bisect_left(self.offsets, offset)
-        return self.records[i:i + n]
+        return i, min(i + n, len(self.offsets))
+
+    def records(self, offset: int, n: int) -> list[Record]:
+        i, j = self.span(offset, n)
+        p = self.partition
+        return [Record(p, o, t / 1000.0, v) for o, v, t in zip(self.offsets[i:j], self.values[i:j], self.times[i:j])]
 
     def ahead(self, offset: int) -> int:
         return len(self.offsets) - bisect.bisect_left(self.offsets, offset)
 
-    def trim(self, below: int) -> None:
+    def trim(self, below: int, slack: int = 0) -> None:
+        """Drop what lies below ``below`` once that is more than ``slack`` records (deleting a
+        list's head moves the rest: done in chunks, the cost stays proportional to the records)."""
         k = bisect.bisect_left(self.offsets, below)
-        if k:
-            del self.offsets[:k], self.records[:k]
+        if k > slack:
+            del self.offsets[:k], self.values[:k], self.times[:k]
             self.start = max(self.start, below)
+
+
+class _EndHistory:
+    """End offsets this process observed, with the wall time of each observation: arrivals
+    without a time index (``kale.arrivals: end-offsets``).
+
+    The end offset at time t is interpolated between the observations around it. A process
+    observes for ``sample_s`` before its first answer; before its first observation the end
+    offset is extrapolated back with the rate of that sample, but only for a window that ends
+    at most ``sample_s`` before it (the caller asking for "the last interval", or the last
+    minutes, as it starts); an older window cannot be known and raises, so no guess is ever
+    recorded as traffic history. Kafka's own answer (``offsets_for_times``, the default mode) has
+    none of these limits; this mode is for brokers without a usable time index (Tansu 0.6,
+    whose ListOffsets by timestamp always answers 0)."""
+
+    sample_s = 1.0
+    keep = 10_000
+
+    def __init__(self):
+        self.times: list[float] = []
+        self.ends: list[dict[int, int]] = []
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+    def add(self, t: float, ends: dict[int, int]) -> None:
+        if self.times:
+            if t <= self.times[-1]:
+                return
+            ends = {p: max(o, self.ends[-1].get(p, 0)) for p, o in ends.items()}  # an end never moves back
+        self.times.append(t)
+        self.ends.append(ends)
+        if len(self.times) > self.keep:
+            del self.times[:-self.keep], self.ends[:-self.keep]
+
+    def at(self, t: float) -> dict[int, float]:
+        """End offsets at time ``t``: interpolated; before the first observation, extrapolated
+        with the rate of the first ``sample_s`` observed (needs observations that far apart)."""
+        times, ends = self.times, self.ends
+        if t >= times[-1]:
+            return dict(ends[-1])
+        i = bisect.bisect_right(times, t)
+        if i == 0:
+            lo, hi = 0, min(bisect.bisect_left(times, times[0] + self.sample_s), len(times) - 1)
+        else:
+            lo, hi = i - 1, i
+        if times[hi] <= times[lo]:
+            return dict(ends[lo])
+        f = (t - times[lo]) / (times[hi] - times[lo])
+        return {p: max(0.0, e + f * (ends[hi].get(p, e) - e)) for p, e in ends[lo].items()}
 
 
 def _flush_at_exit(ref) -> None:
@@ -155,14 +244,24 @@ class KafkaStream:
                  fetch_batch: int = 5000, read_wait_s: float = 1.0):
         self.bootstrap, self.topic, self.timeout = bootstrap, topic, timeout_s
         self.fetch_batch, self.read_wait_s = fetch_batch, read_wait_s
-        common, self._role = {}, {"producer": {}, "consumer": {}}
+        common, self._role, options = {}, {"producer": {}, "consumer": {}}, {}
         for k, v in (config or {}).items():
             role, _, rest = k.partition(".")
-            if role in self._role and rest:
+            if role == "kale" and rest:  # Kale's own settings, not librdkafka's
+                options[rest] = v
+            elif role in self._role and rest:
                 self._role[role][rest] = v
             else:
                 common[k] = v
         self.config = {"bootstrap.servers": bootstrap, **common}
+        unknown = set(options) - {"arrivals"}
+        if unknown:
+            raise StreamError(f"unknown Kale Kafka setting(s) {sorted('kale.' + k for k in unknown)}; "
+                              "the only one is kale.arrivals")
+        self.arrivals_from = options.get("arrivals", "timestamps")
+        if self.arrivals_from not in ARRIVALS:
+            raise StreamError(f"kale.arrivals must be one of {ARRIVALS}, not {self.arrivals_from!r}")
+        self._ends_seen = _EndHistory()
         if client is None:
             try:
                 import confluent_kafka as client
@@ -281,12 +380,19 @@ class KafkaStream:
             if p in ends:
                 cached = self.consumer.get_watermark_offsets(self._tp(p), cached=True)[1]
                 ends[p] = max(ends[p], buf.next, cached)
-        return dict(sorted(ends.items()))
+        ends = dict(sorted(ends.items()))
+        self._ends_seen.add(time.time(), ends)
+        return ends
 
     def arrivals(self, since_ts: float, until_ts: float | None = None) -> dict[int, int]:
-        """Records appended per partition in [since, until), from the offsets at those times."""
+        """Records appended per partition in [since, until): from the offsets at those times
+        (``offsets_for_times``, Kafka's time index; the default), or with ``kale.arrivals:
+        end-offsets`` from the end offsets this process observed over time (see
+        :class:`_EndHistory`)."""
         from confluent_kafka.admin import OffsetSpec
 
+        if self.arrivals_from == "end-offsets":
+            return self._arrivals_from_ends(since_ts, until_ts)
         ends = self.end_offsets()
 
         def at(ts):
@@ -296,6 +402,22 @@ class KafkaStream:
         start = at(since_ts)
         stop = ends if until_ts is None else at(until_ts)
         return {p: max(0, stop[p] - start[p]) for p in ends}
+
+    def _arrivals_from_ends(self, since_ts: float, until_ts: float | None) -> dict[int, int]:
+        self.end_offsets()
+        seen = self._ends_seen
+        wait = seen.sample_s - (seen.times[-1] - seen.times[0])
+        if wait > 0:  # a new process: observe over one short sample first
+            time.sleep(wait)
+            self.end_offsets()
+        last = seen.times[-1]
+        until = last if until_ts is None else min(until_ts, last)
+        if until < seen.times[0] - seen.sample_s:
+            first = time.strftime("%H:%M:%S", time.localtime(seen.times[0]))
+            raise StreamError(f"arrivals before {first} are unknown to this process (kale.arrivals: end-offsets "
+                              "counts from the end offsets it has observed since)")
+        start, stop = seen.at(min(since_ts, until)), seen.at(until)
+        return {p: max(0, round(stop[p] - start.get(p, 0.0))) for p in stop}
 
     # ------------------------------------------------------------------ appends
     def append(self, partition: int, payloads: list[bytes], ts: float | None = None) -> int:
@@ -336,7 +458,7 @@ class KafkaStream:
         if buf is None:
             self.consumer.incremental_assign([self._tp(partition, offset)])
             self.stats["assigns"] += 1
-            buf = self._buffers[partition] = _Buffer(offset)
+            buf = self._buffers[partition] = _Buffer(partition, offset)
         elif not buf.covers(offset):
             if buf.paused:
                 self.consumer.resume([self._tp(partition)])
@@ -347,62 +469,132 @@ class KafkaStream:
         return buf
 
     def _pump(self, timeout: float) -> int:
-        """Move fetched messages into the buffers; wait up to ``timeout`` for the first one."""
+        """Move fetched messages into the buffers; wait up to ``timeout`` for the first one.
+
+        Column-wise: offsets, values, timestamps and partitions of the whole batch are read
+        with C-level ``map`` calls and each run of one partition's messages is added with list
+        slices, so no Python object is built per message and the messages die with the batch
+        (the worker's throughput hinges on both). Python's cyclic garbage collector is paused
+        meanwhile: a batch is thousands of GC-tracked message objects (freed by reference
+        counting, no cycles), which would otherwise trigger collections while alive, promote
+        them and end in full collections of the process's heap."""
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._pump_batch(timeout)
+        finally:
+            if enabled:
+                gc.enable()
+
+    def _pump_batch(self, timeout: float) -> int:
         c = self.consumer
         msgs = c.consume(self.fetch_batch, 0)
         if not msgs and timeout > 0:
             first = c.poll(timeout)
             msgs = [first] + c.consume(self.fetch_batch, 0) if first is not None else []
         self.stats["fetches"] += 1
+        if not msgs:
+            return 0
+        errors = list(map(_ERROR, msgs))
+        good = msgs if not any(errors) else [m for m, e in zip(msgs, errors) if e is None]
+        if good:
+            self._file(good)
+        if len(good) < len(msgs):  # after the data, so an end-of-partition event is judged against it
+            self._events([m for m, e in zip(msgs, errors) if e is not None])
+        return len(msgs)
+
+    def _file(self, msgs: list) -> None:
+        """Add data messages to their partitions' buffers, one run of a partition at a time."""
+        parts = list(map(_PARTITION, msgs))
+        offsets = list(map(_OFFSET, msgs))
+        values = list(map(_VALUE, msgs))
+        times = list(map(_MS, map(_TIMESTAMP, msgs)))  # (type, ms) pairs, freed at once
+        if parts.count(parts[0]) == len(parts):
+            cuts = [0, len(parts)]
+        else:
+            cuts = [0, *(np.flatnonzero(np.diff(np.asarray(parts))) + 1).tolist(), len(parts)]
+        for a, b in pairwise(cuts):
+            buf = self._buffers.get(parts[a])
+            if buf is None:  # not a partition this stream reads
+                continue
+            run = offsets[a:b]
+            if b - a > 1 and not (np.diff(np.asarray(run)) > 0).all():  # never seen: librdkafka orders a run
+                for i in range(a, b):
+                    if offsets[i] >= buf.next:
+                        buf.add(offsets[i:i + 1], values[i:i + 1], times[i:i + 1])
+                continue
+            buf.add(run, values[a:b], times[a:b])
+
+    def _events(self, msgs: list) -> None:
+        """End-of-partition events mark a buffer as caught up; other errors raise unless retriable."""
         eof_code = self._ck.KafkaError._PARTITION_EOF
         for m in msgs:
             err = m.error()
-            buf = self._buffers.get(m.partition())
-            if err is not None:
-                if err.code() == eof_code:
-                    if buf is not None and m.offset() >= buf.next:
-                        buf.eof = True
-                    continue
-                if err.fatal() or not err.retriable():
-                    raise StreamError(f"Kafka read error on {self.topic!r}[{m.partition()}]: {err}")
-                continue
-            if buf is None or m.offset() < buf.next:  # not ours, or from before a seek
-                continue
-            buf.offsets.append(m.offset())
-            buf.records.append(Record(m.partition(), m.offset(), m.timestamp()[1] / 1000.0, m.value()))
-            buf.next = m.offset() + 1
-            buf.eof = False
-        return len(msgs)
+            if err.code() == eof_code:
+                buf = self._buffers.get(m.partition())
+                if buf is not None and m.offset() >= buf.next:
+                    buf.eof = True
+            elif err.fatal() or not err.retriable():
+                raise StreamError(f"Kafka read error on {self.topic!r}[{m.partition()}]: {err}")
 
-    def read(self, partition: int, offset: int, max_records: int) -> list[Record]:
-        """Up to ``max_records`` from ``offset``; fewer (or none) at the end of the partition."""
+    def _fill(self, partition: int, offset: int, max_records: int) -> _Buffer:
+        """The partition's buffer holding up to ``max_records`` from ``offset`` (fewer at the end
+        of the partition, or after ``read_wait_s``); :meth:`_settle` then trims and pauses it."""
         self.wait_commits()
-        if max_records <= 0:
-            return []
         buf = self._position(partition, offset)
         if buf.paused and buf.ahead(offset) < max_records:
             self.consumer.resume([self._tp(partition)])
             buf.paused = False
-        out = buf.take(offset, max_records)
+        have = buf.ahead(offset)
         deadline = time.monotonic() + self.read_wait_s
-        while len(out) < max_records:
+        while have < max_records:
             left = deadline - time.monotonic()
             self._pump(0.0 if buf.eof else min(0.1, max(0.0, left)))
-            more = buf.take(offset, max_records)
-            if len(more) == len(out) and (buf.eof or left <= 0):
+            more = buf.ahead(offset)
+            if more == have and (buf.eof or left <= 0):
                 break
-            out = more
-        # Keep what nearby readers (other slices of the partition) may still ask for; pause
-        # a partition whose buffer runs far ahead of them.
+            have = more
+        return buf
+
+    def _settle(self, buf: _Buffer, offset: int, max_records: int) -> None:
+        """Keep what nearby readers (other slices of the partition) may still ask for; pause a
+        partition whose buffer runs far ahead of them."""
         keep = max(4 * max_records, 2 * self.fetch_batch)
-        buf.trim(offset - keep)
+        buf.trim(offset - keep, slack=keep)
         ahead = buf.ahead(offset)
-        if ahead > 2 * keep and not buf.paused:
-            self.consumer.pause([self._tp(partition)])
+        # Resume well before the buffer runs dry: fetching again takes up to fetch.wait.max.ms
+        # (the broker's long poll of the other partitions) plus a round trip.
+        if ahead > 4 * keep and not buf.paused:
+            self.consumer.pause([self._tp(buf.partition)])
             buf.paused = True
-        elif ahead <= keep and buf.paused:
-            self.consumer.resume([self._tp(partition)])
+        elif ahead <= 2 * keep and buf.paused:
+            self.consumer.resume([self._tp(buf.partition)])
             buf.paused = False
+
+    def read(self, partition: int, offset: int, max_records: int) -> list[Record]:
+        """Up to ``max_records`` from ``offset``; fewer (or none) at the end of the partition."""
+        if max_records <= 0:
+            self.wait_commits()
+            return []
+        buf = self._fill(partition, offset, max_records)
+        out = buf.records(offset, max_records)
+        self._settle(buf, offset, max_records)
+        return out
+
+    def read_payloads(self, partition: int, offset: int, max_records: int) -> tuple[np.ndarray, list[bytes]]:
+        """What :meth:`read` returns, column-wise: (offsets as int64, payloads), no Record per sample."""
+        if max_records <= 0:
+            self.wait_commits()
+            return np.zeros(0, dtype=np.int64), []
+        buf = self._fill(partition, offset, max_records)
+        i, j = buf.span(offset, max_records)
+        first = buf.offsets[i] if j > i else offset
+        if j == i or buf.offsets[j - 1] - first == j - i - 1:  # ascending and distinct: no gap in between
+            offsets = np.arange(first, first + j - i, dtype=np.int64)
+        else:
+            offsets = np.array(buf.offsets[i:j], dtype=np.int64)
+        out = offsets, buf.values[i:j]
+        self._settle(buf, offset, max_records)
         return out
 
     # ------------------------------------------------------------------ commits

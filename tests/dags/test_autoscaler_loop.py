@@ -34,6 +34,45 @@ while True:  # keeps the file's rate even when a loaded machine delays the loop
 """
 
 
+# Seconds stand for hours. The policy plans with the measured rescale pause (decision -> the
+# new workers' first step), which here spans the test's own training DAG run (45-67 s on a
+# loaded 2-core machine, capped at the 10 s look-ahead): at the default downtime_cost_factor
+# of 2 a 6 -> 2 scale-down (40 GPU-s saved) never beats 6 x 10 x 2 = 120 GPU-s of downtime.
+LOOP_CONFIG = {"min_workers": 1, "max_workers": 6, "poll_interval_s": 1, "bin_s": 5, "rescale_downtime_s": 1,
+               "kale": {"up_window_s": 2, "down_window_s": 8, "recent_window_s": 10, "lookahead_s": 10,
+                        "downtime_cost_factor": 0.25}}
+
+
+def prepare_loop(airflow_home, **config):
+    """Write the loop's configuration (``LOOP_CONFIG`` plus ``config``), the producer's rate
+    file (2,500 samples/s), and register the champions: the seasonal forecaster (its fallback
+    level spans the 10 s look-ahead, not an hour, which would average the whole test, the jump
+    included) and the throughput model of the profiled cluster (1,000 samples/s/worker)."""
+    home = airflow_home.kale_home
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "kale.yaml").write_text(yaml.safe_dump(LOOP_CONFIG | config))
+    rate = home / "rate.txt"
+    rate.write_text("2500")
+    for dag_id, conf in (("kale_forecaster_retrain", {"forecaster": "seasonal", "history_days": 3,
+                                                      "forecaster_options": {"level_window_s": 10},
+                                                      "auto_promote": True}),
+                         ("kale_throughput_refit", {})):
+        run = airflow_home.run(dag_id, conf)
+        assert run.state == "success", run.log[-2000:]
+    return rate
+
+
+def stop_workers(airflow_home) -> None:
+    """End the test's generation; the workers the training DAG started must stop the way every
+    superseded worker does."""
+    store = store_of(airflow_home)
+    store.set_current_generation("test-finished", 0)
+    deadline = time.monotonic() + 30
+    while store.running_workers() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert store.running_workers() == [], "workers kept training after their generation was superseded"
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def live(airflow_home, request):
     """The loop's world, once per control-plane backend: SQLite (embedded) and a real PostgreSQL."""
@@ -41,33 +80,13 @@ def live(airflow_home, request):
         airflow_home.env["KALE_DATABASE_URL"] = request.getfixturevalue("postgres_database")
     home = airflow_home.kale_home
     home.mkdir(parents=True, exist_ok=True)
-    (home / "kale.yaml").write_text(yaml.safe_dump({
-        "min_workers": 1, "max_workers": 6, "poll_interval_s": 1, "bin_s": 5, "rescale_downtime_s": 1,
-        "kale": {"up_window_s": 2, "down_window_s": 8, "recent_window_s": 10, "lookahead_s": 10},
-    }))
     EmbeddedStream(home / "stream.db", partitions=4)
-    rate = home / "rate.txt"
-    rate.write_text("2500")
-    # Champions: the seasonal forecaster and the throughput model of the profiled cluster (1,000 samples/s/worker).
-    # Seconds stand for hours here, so the forecaster's fallback level spans the 10 s look-ahead, not an hour
-    # (which would average the whole test, the jump included).
-    for dag_id, conf in (("kale_forecaster_retrain", {"forecaster": "seasonal", "history_days": 3,
-                                                      "forecaster_options": {"level_window_s": 10},
-                                                      "auto_promote": True}),
-                         ("kale_throughput_refit", {})):
-        run = airflow_home.run(dag_id, conf)
-        assert run.state == "success", run.log[-2000:]
+    rate = prepare_loop(airflow_home)
     proc = subprocess.Popen([sys.executable, "-c", PRODUCER, str(home / "stream.db"), str(rate)])
     yield airflow_home, rate
     proc.kill()
     proc.wait()
-    # The workers the training DAG started stop the way every superseded worker does.
-    store = store_of(airflow_home)
-    store.set_current_generation("test-finished", 0)
-    deadline = time.monotonic() + 30
-    while store.running_workers() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert store.running_workers() == [], "workers kept training after their generation was superseded"
+    stop_workers(airflow_home)
 
 
 def store_of(home) -> StateStore:

@@ -27,6 +27,17 @@ def test_append_read_commit_lag(tmp_path):
     assert s.oldest_unconsumed_ts("g") == {0: 10.0, 1: None}
 
 
+def test_read_payloads_is_read_column_wise(tmp_path):
+    """The worker's path: the records ``read`` returns, as (offsets, payloads)."""
+    s = EmbeddedStream(tmp_path / "s.db", partitions=1)
+    s.append(0, [b"a", b"b", b"c", b"d"])
+    offsets, payloads = s.read_payloads(0, 1, 2)
+    assert offsets.dtype.kind == "i" and offsets.tolist() == [1, 2] and payloads == [b"b", b"c"]
+    assert [(r.offset, r.payload) for r in s.read(0, 1, 2)] == list(zip(offsets.tolist(), payloads))
+    offsets, payloads = s.read_payloads(0, 4, 10)
+    assert offsets.tolist() == [] and payloads == []
+
+
 def test_unknown_partition_and_url_are_clear_errors(tmp_path):
     s = EmbeddedStream(tmp_path / "s.db", partitions=1)
     with pytest.raises(StreamError, match="partition 5 does not exist"):

@@ -6,11 +6,14 @@ Tansu that fixes them shows up:
 - ListOffsets "latest" (the high watermark of ``get_watermark_offsets`` and the
   AdminClient's ``list_offsets``) answers the *base offset of the last record batch + 1*,
   not the offset after the last record: after one ``append`` of 5 records (one batch) it
-  reads 1; after 5,000 records from an idempotent producer it read 1 as well. Fetch
+  reads 1; after 5,000 records from an idempotent producer it read 1 as well (per batch,
+  idempotent or not; one-record batches read right). Fetch
   responses carry the right watermark, so a stream that has read a partition reports the
   right end (the backend takes the larger of the two, which is also correct on Kafka).
 - ListOffsets for a timestamp answers offset 0 whatever the timestamp, so ``arrivals``
-  (which Kafka serves from ``offsets_for_times``) counts everything since the start.
+  (which Kafka serves from ``offsets_for_times``) counts everything since the start;
+  ``kale.arrivals: end-offsets`` counts from observed end offsets instead (tested here on
+  Tansu, and what test_autoscaler_loop_kafka.py runs with).
 - ``list_consumer_group_offsets`` without a partition list drops the connection; the
   backend always names the partitions (which Kafka accepts too).
 - A metadata request for a missing topic creates it (4 partitions), although librdkafka
@@ -36,7 +39,7 @@ from kale_airflow.core.slices import Slice, slices_for
 from kale_airflow.runtime.samples import generate, pack
 from kale_airflow.stream import open_stream
 from kale_airflow.stream.base import StreamError
-from kale_airflow.stream.kafka import CONFIG_ENV, KafkaStream
+from kale_airflow.stream.kafka import CONFIG_ENV, KafkaStream, _EndHistory
 from tests.conftest import audit_coverage, wait_until
 
 pytestmark = pytest.mark.kafka
@@ -145,9 +148,68 @@ def test_slices_of_one_partition_share_one_assignment_and_one_fetch(kafka_broker
     assert seen[slices[2]] == list(range(20_000))
     assert calls == {"assign": 0, "incremental_assign": 2, "seek": 0, "consumers": 1}
     assert s.stats["assigns"] == 2 and s.stats["seeks"] == 0
-    # Reading back from the start is a seek, not a re-assignment.
+    # Reading back from before what the buffer still holds is a seek, not a re-assignment.
+    s._buffers[0].trim(20_000)
+    assert s._buffers[0].start == 20_000
     assert s.read(0, 0, 5)[0].offset == 0 and calls["seek"] == 1 and calls["incremental_assign"] == 2
+    offsets, payloads = s.read_payloads(0, 3, 4)  # the worker's path: the same records, column-wise
+    assert offsets.tolist() == [3, 4, 5, 6] and payloads == [r.payload for r in s.read(0, 3, 4)]
     print(f"60,000 records through 3 slice readers in {elapsed:.2f} s")
+
+
+def test_reading_batches_triggers_no_garbage_collection(kafka_topic):
+    """Consumed message objects are tracked by Python's cyclic GC: thousands alive at once
+    used to trigger collections (full ones too, with the heap of a worker that imported torch)
+    that cost the worker more than the reads themselves. The backend pauses the collector
+    while a batch is filed and keeps no message object afterwards."""
+    import gc
+
+    broker, topic = kafka_topic
+    s = KafkaStream.from_url(broker.url(topic))
+    fill(s, [0], 20_000, chunk=5000)
+    s.read_payloads(0, 0, 1)  # connect and assign first
+    collections = []
+
+    def count(phase, info):
+        if phase == "start":
+            collections.append(info["generation"])
+
+    gc.callbacks.append(count)
+    try:
+        pos = 0
+        while pos < 20_000:
+            offsets, payloads = s.read_payloads(0, pos, 1000)
+            assert offsets.tolist() == list(range(pos, pos + len(payloads))) and payloads
+            pos = int(offsets[-1]) + 1
+    finally:
+        gc.callbacks.remove(count)
+    assert s.stats["fetches"] >= 4 and collections == []
+    assert all(type(v) is bytes for v in s._buffers[0].values)
+
+
+def test_transaction_markers_leave_gaps_that_reads_skip(kafka_topic):
+    """Committed transactions put a control record (marker) after their records: offsets have
+    gaps. ``read`` and the worker's ``read_payloads`` return the same records with their
+    real offsets (never renumbered), from any position, markers included."""
+    from confluent_kafka import Producer
+
+    broker, topic = kafka_topic
+    p = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": f"tx-{topic}"})
+    p.init_transactions(10)
+    for k in range(2):
+        p.begin_transaction()
+        for i in range(3):
+            p.produce(topic, value=b"v%d" % (3 * k + i), partition=0)
+        p.commit_transaction(10)
+    s = KafkaStream.from_url(broker.url(topic))
+    offsets, payloads = s.read_payloads(0, 0, 20)
+    assert offsets.tolist() == [0, 1, 2, 4, 5, 6] and payloads == [b"v%d" % i for i in range(6)]
+    assert [(r.offset, r.payload) for r in s.read(0, 0, 20)] == list(zip(offsets.tolist(), payloads))
+    offsets, payloads = s.read_payloads(0, 3, 2)  # from the marker: the next record
+    assert offsets.tolist() == [4, 5] and payloads == [b"v3", b"v4"]
+    offsets, payloads = s.read_payloads(0, 2, 3)  # across the gap: not a contiguous range
+    assert offsets.tolist() == [2, 4, 5]
+    assert s.read_payloads(0, 7, 5)[1] == [] and s.read(0, 7, 5) == []
 
 
 @pytest.mark.xfail(strict=True, reason="Tansu 0.6: ListOffsets latest = base offset of the last batch + 1")
@@ -225,6 +287,43 @@ def _done(value):
     f = concurrent.futures.Future()
     f.set_result(value)
     return f
+
+
+def test_arrivals_from_observed_end_offsets_on_a_real_broker(kafka_topic, monkeypatch):
+    """``kale.arrivals: end-offsets`` (what the Kafka loop test runs with, Tansu having no time
+    index): counts what arrived while this process observed the end offsets."""
+    broker, topic = kafka_topic
+    producer = KafkaStream.from_url(broker.url(topic))
+    producer.append(1, [b"old"])  # before the stream below observes anything: never counted
+    monkeypatch.setenv(CONFIG_ENV, json.dumps({"kale.arrivals": "end-offsets"}))
+    s = KafkaStream.from_url(broker.url(topic))
+    s._ends_seen.sample_s = 0.5
+    t0 = time.time()
+    assert s.arrivals(t0 - 1, t0) == {0: 0, 1: 0, 2: 0}  # a first call observes for 0.5 s: nothing came
+    since = s._ends_seen.times[-1]
+    for _ in range(4):  # one-record batches: Tansu's end offsets are exact (see the module doc)
+        producer.append(1, [b"x"])
+        producer.append(2, [b"y"])
+    assert s.arrivals(since) == {0: 0, 1: 4, 2: 4}
+    assert s.arrivals(since, since) == {0: 0, 1: 0, 2: 0}
+    with pytest.raises(StreamError, match="unknown to this process"):
+        s.arrivals(t0 - 100, t0 - 50)
+    with pytest.raises(StreamError, match="kale.arrivals must be one of"):
+        KafkaStream("b:9092", "t", {"kale.arrivals": "guess"})
+    with pytest.raises(StreamError, match="unknown Kale Kafka setting"):
+        KafkaStream("b:9092", "t", {"kale.arrivls": "end-offsets"})
+
+
+def test_end_offset_history_interpolates_and_extrapolates_one_sample_back():
+    h = _EndHistory()
+    h.sample_s = 1.0
+    for t, ends in ((100.0, {0: 10}), (101.0, {0: 20}), (103.0, {0: 20}), (104.0, {0: 15}), (103.5, {0: 99})):
+        h.add(t, ends)
+    assert h.times == [100.0, 101.0, 103.0, 104.0]  # an observation older than the last is ignored
+    assert h.ends[-1] == {0: 20}  # an end offset never moves back
+    assert h.at(100.5) == {0: 15.0} and h.at(102.0) == {0: 20.0} and h.at(200.0) == {0: 20}
+    assert h.at(99.5) == {0: 5.0}  # before the first observation: the first second's rate, back
+    assert h.at(90.0) == {0: 0.0}  # never below the start of the log
 
 
 @pytest.mark.xfail(strict=True, reason="Tansu 0.6 creates a topic (4 partitions) on any metadata request")
@@ -356,7 +455,12 @@ def test_kill_9_of_a_rank_on_kafka_restarts_the_job_and_the_model_misses_no_samp
     whole job from its checkpoint, and the model (audited per step from what reached it)
     trains every sample exactly once, none more than twice overall."""
     from kale_airflow.runtime.backends import LocalWorkers, WorkerSpec
-    from tests.runtime.test_distributed import audit_lines, coverage, model_lineage, steps_of
+    from tests.runtime.test_distributed import (
+        audit_lines,
+        coverage,
+        model_lineage,
+        steps_of,
+    )
 
     per, batch, every = 6000, 100, 7
     topic = kafka_broker.create_topic(2)
