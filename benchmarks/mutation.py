@@ -2,69 +2,186 @@
 
 Runs mutmut (configured in pyproject.toml ``[tool.mutmut]``: the Kale policy's stages, the
 rebalancer and the offset handover, the worker's commit/checkpoint/restore path, the
-registry's comparison and promotion, the Kale page's auth) with the fast tests that cover
-them, within a time budget, then prints per module the mutants killed and surviving and
-writes ``benchmarks/results/mutation.json``:
-``{"score": S, "modules": {"<path>": {"killed": K, "survived": V, "not_run": N, "score": S}},
-"survivors": {"<path>": [mutant names]}}``. List a survivor's diff with ``mutmut show NAME``.
+registry's comparison and promotion, the Kale page's auth) from scratch with the fast tests
+that cover them, within a time budget, then prints per module the mutants killed and
+surviving and writes ``benchmarks/results/mutation.json``:
+``{"score": S, "modules": {"<path>": {"killed": K, "survived": V, "score": S, ...}},
+"survivors": {"<path>": [{"mutant", "change", "explained"}]}}``.
+
+A survivor is *explained* when ``benchmarks/mutation_equivalent.toml`` names its change
+(function and mutated line, so the explanation survives a renumbering of the mutants) with
+the reason it is equivalent; the report lists every other survivor as unexplained. Mutants
+no test reaches ("no tests") count as survivors. List a survivor's diff with
+``.venv/bin/python -m mutmut show NAME``.
+
+This file is also a pytest plugin (``-p benchmarks.mutation`` in ``[tool.mutmut]``): under
+mutmut it runs each mutant's tests fastest first, so a mutant dies on its quickest test.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import difflib
 import json
+import os
+import re
+import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+EQUIVALENT = ROOT / "benchmarks" / "mutation_equivalent.toml"
 
-KILLED = {1, 3, -24, 34, 36}  # test failure, error, timeout (SIGXCPU), segfault-like: the tests noticed
+# mutmut's exit codes: the tests noticed (failure, internal error, CPU-time limit, killed)
+KILLED = {1, 3, 24, -24, 152, 255, 36, -9, -11}
+SURVIVED = {0, 5, 33}  # tests passed, or no test reaches the mutant
+SUSPICIOUS = 35
 
 
-def tally(mutants: Path) -> tuple[dict, dict]:
-    """Per module counts and survivor names from mutmut's ``*.meta`` files."""
+# ------------------------------------------------------------------ pytest plugin
+def pytest_collection_modifyitems(session, config, items):
+    """Under mutmut: run the tests of a mutant fastest first (durations from mutmut's stats
+    run), so a killed mutant stops at its quickest failing test (``-x``)."""
+    stats = Path("mutmut-stats.json")  # mutmut runs the tests from mutants/
+    if not os.environ.get("MUTANT_UNDER_TEST") or not stats.exists():
+        return
+    try:
+        durations = json.loads(stats.read_text()).get("duration_by_test", {})
+    except (OSError, ValueError):
+        return
+    items.sort(key=lambda item: durations.get(item.nodeid, float("inf")))
+
+
+# ------------------------------------------------------------------ the report
+def _functions(path: Path) -> dict[str, str]:
+    """Source of every function of a mutated module, by name (``x_f__mutmut_3``, ``xǁCǁm__mutmut_orig``)."""
+    src = path.read_text()
+    lines = src.splitlines()
+    out = {}
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and "__mutmut_" in node.name:
+            out[node.name] = "\n".join(lines[node.lineno - 1:node.end_lineno])
+    return out
+
+
+def _readable(func: str) -> str:
+    """``x__carry_over`` -> ``_carry_over``, ``xǁAssignmentǁto_dict`` -> ``Assignment.to_dict``."""
+    if func.startswith("xǁ"):
+        return ".".join(func[2:].split("ǁ"))
+    return func[2:] if func.startswith("x_") else func
+
+
+def change_of(functions: dict[str, str], mutant: str) -> str:
+    """``function: -old line / +new line`` of a mutant (whitespace collapsed)."""
+    name = mutant.rsplit(".", 1)[-1]
+    func, _, _ = name.rpartition("__mutmut_")
+    orig, mutated = functions.get(f"{func}__mutmut_orig"), functions.get(name)
+    if orig is None or mutated is None:
+        return f"{func}: ?"
+    orig = orig.replace(f"{func}__mutmut_orig", func)
+    mutated = mutated.replace(name, func)
+    diff = [line for line in difflib.unified_diff(orig.splitlines(), mutated.splitlines(), lineterm="", n=0)
+            if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    return f"{_readable(func)}: " + " / ".join(re.sub(r"\s+", " ", line).strip() for line in diff)
+
+
+def load_equivalent(path: Path = EQUIVALENT) -> dict[str, str]:
+    """``change -> reason`` from the checked-in explanations (see the file's header)."""
+    import tomllib
+
+    if not path.exists():
+        return {}
+    doc = tomllib.loads(path.read_text())
+    return {entry["change"]: entry["reason"] for entry in doc.get("equivalent", [])}
+
+
+def tally(mutants: Path, equivalent: dict[str, str]) -> tuple[dict, dict]:
+    """Per module counts and survivors (with their change and explanation) from ``*.meta``."""
     modules, survivors = {}, {}
     for meta in sorted(mutants.rglob("*.py.meta")):
         module = str(meta.relative_to(mutants))[: -len(".meta")]
         codes = json.loads(meta.read_text())["exit_code_by_key"]
+        functions = _functions(mutants / module)
         killed = sum(1 for c in codes.values() if c in KILLED)
-        survived = sorted(k for k, c in codes.items() if c == 0)
+        alive = sorted(k for k, c in codes.items() if c in SURVIVED)
         not_run = sum(1 for c in codes.values() if c is None)
-        ran = killed + len(survived)
-        modules[module] = {"killed": killed, "survived": len(survived), "not_run": not_run,
+        rows = []
+        for name in alive:
+            change = change_of(functions, name)
+            rows.append({"mutant": name, "change": change, "explained": equivalent.get(change),
+                         "no_tests": codes[name] in (5, 33)})
+        ran = killed + len(alive)
+        modules[module] = {"killed": killed, "survived": len(alive),
+                           "explained": sum(1 for r in rows if r["explained"]),
+                           "suspicious": sum(1 for c in codes.values() if c == SUSPICIOUS), "not_run": not_run,
                            "score": round(killed / ran, 4) if ran else None}
-        survivors[module] = survived
+        survivors[module] = rows
     return modules, survivors
+
+
+def run_mutmut(budget_s: float, log: Path) -> bool:
+    """``mutmut run`` in its own process group; stopped (the whole group) at the budget."""
+    with log.open("w") as fh:
+        # One math thread per test process: mutmut forks a process per mutant from one that has
+        # run torch, and a forked OpenMP pool deadlocks (the worker's tests then time out).
+        env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        proc = subprocess.Popen([sys.executable, "-m", "mutmut", "run"], cwd=ROOT, stdout=fh, env=env,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(timeout=budget_s)
+            return True
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # mutmut ignores SIGTERM; its workers share the group
+            proc.wait()
+            return False
+
+
+def print_report(doc: dict) -> None:
+    print(f"{'module':<42} {'killed':>7} {'survived':>9} {'explained':>10} {'not run':>8} {'score':>6}")
+    for name, m in doc["modules"].items():
+        score = f"{m['score']:.2f}" if m["score"] is not None else "-"
+        print(f"{name:<42} {m['killed']:>7} {m['survived']:>9} {m['explained']:>10} {m['not_run']:>8} {score:>6}")
+    run = f"mutmut ran {doc['run_wall_s']:.0f} s" if doc["run_wall_s"] is not None else "no run"
+    print(f"mutation score {doc['score']} over {doc['ran']} mutants run; {doc['unexplained']} survivor(s) "
+          f"unexplained; {run}, {'finished' if doc['finished'] else 'NOT finished'}; wall {doc['wall_s']:.0f} s")
+    for module, rows in doc["survivors"].items():
+        for r in rows:
+            if not r["explained"]:
+                print(f"  UNEXPLAINED {r['mutant']}: {r['change']}")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--budget-s", type=float, default=18 * 60, help="stop mutmut after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=19 * 60, help="stop mutmut after this many seconds")
     ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "mutation.json"))
     ap.add_argument("--report-only", action="store_true", help="tally the last run without running mutmut")
+    ap.add_argument("--keep", action="store_true", help="reuse mutants/ (mutmut's cache) instead of starting afresh")
     args = ap.parse_args()
     t0 = time.monotonic()
+    finished, run_wall_s = None, None
+    if args.report_only and Path(args.json).exists():  # keep the last run's figures
+        last = json.loads(Path(args.json).read_text())
+        finished, run_wall_s = last.get("finished"), last.get("run_wall_s")
     if not args.report_only:
-        log = ROOT / "mutants-run.log"
-        with log.open("w") as fh:
-            try:
-                subprocess.run([sys.executable, "-m", "mutmut", "run"], cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
-                               timeout=args.budget_s, check=False)
-            except subprocess.TimeoutExpired:
-                print(f"mutmut stopped at the {args.budget_s:.0f} s budget; mutants not run are reported as such")
-    modules, survivors = tally(ROOT / "mutants")
+        if not args.keep:
+            shutil.rmtree(ROOT / "mutants", ignore_errors=True)
+        finished = run_mutmut(args.budget_s, ROOT / "mutants-run.log")
+        run_wall_s = round(time.monotonic() - t0, 1)
+        if not finished:
+            print(f"mutmut stopped at the {args.budget_s:.0f} s budget; mutants not run are reported as such")
+    modules, survivors = tally(ROOT / "mutants", load_equivalent())
     killed = sum(m["killed"] for m in modules.values())
     ran = killed + sum(m["survived"] for m in modules.values())
-    doc = {"score": round(killed / ran, 4) if ran else None, "wall_s": round(time.monotonic() - t0, 1),
+    unexplained = sum(1 for rows in survivors.values() for r in rows if not r["explained"])
+    doc = {"score": round(killed / ran, 4) if ran else None, "ran": ran, "unexplained": unexplained,
+           "run_wall_s": run_wall_s, "wall_s": round(time.monotonic() - t0, 1), "finished": finished,
            "modules": modules, "survivors": survivors}
-    print(f"{'module':<45} {'killed':>7} {'survived':>9} {'not run':>8} {'score':>6}")
-    for name, m in modules.items():
-        score = f"{m['score']:.2f}" if m["score"] is not None else "-"
-        print(f"{name:<45} {m['killed']:>7} {m['survived']:>9} {m['not_run']:>8} {score:>6}")
-    print(f"mutation score {doc['score']} over {ran} mutants run ({doc['wall_s']:.0f} s)")
+    print_report(doc)
+    sys.path.insert(0, str(ROOT))
     from kale_airflow.reporting.results import write_json
 
     write_json(args.json, doc)

@@ -44,7 +44,6 @@ import math
 import os
 import sys
 import threading
-import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 

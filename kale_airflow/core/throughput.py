@@ -23,7 +23,6 @@ use all four. A single distinct count cannot identify scaling and is an error.
 
 from __future__ import annotations
 
-import math
 from bisect import bisect_left
 from dataclasses import dataclass
 

@@ -24,7 +24,7 @@ def promote_or_hold(settings: Settings, name: str, version: str, challenger: dic
     return r.to_dict()
 
 
-def data_hash(frame: pd.Series | pd.DataFrame) -> str:
+def data_hash(frame: pd.Series | pd.DataFrame) -> str:  # pragma: no mutate block
     """Stable short hash of the training data (index and values)."""
     digest = hashlib.sha256(pd.util.hash_pandas_object(frame, index=True).to_numpy().tobytes())
     return digest.hexdigest()[:16]

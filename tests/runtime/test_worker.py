@@ -210,3 +210,87 @@ def test_any_batch_size_becomes_tensors(n):
     user, item, dense, label = to_tensors(generate(n, 3))
     assert dense.shape == (n, 8) and label.shape == (n,)
     assert CTRModel()(user, item, dense).shape == (n,)
+
+
+# ------------------------------------------------ mutation-checked: the read/commit/restore path
+def test_adjacent_checkpointed_slices_are_not_overlapping():
+    """Bug class: a checkpointed slice that only touches a new one ([.5,1) vs [0,.5)) taken as
+    overlapping, so the new slice starts at its neighbour's position and skips samples."""
+    old = [(0, 0.5, 1.0, 10), (1, 0.0, 0.5, 10)]
+    new = [Slice(0, 0.0, 0.5), Slice(1, 0.5, 1.0)]
+    assert start_positions(new, {s: 0 for s in new}, old) == {s: 0 for s in new}
+
+
+@pytest.mark.parametrize("batch, slices, per_step", [
+    (100, [Slice(0), Slice(1), Slice(2)], 99),    # 100 // 3 = 33 records from each partition
+    (1, [Slice(0), Slice(1), Slice(2)], 3),       # at least one record per slice
+], ids=["uneven-split", "tiny-batch"])
+def test_a_step_reads_the_batch_split_over_the_slices(stream, tmp_path, batch, slices, per_step):
+    """Bug class: the per-slice share of the batch miscomputed (float division, a floor of 2)."""
+    w = Worker(stream, "g", slices, tmp_path / "ck", batch_size=batch)
+    assert w.step()[0] == per_step
+
+
+@pytest.mark.parametrize("lo, hi", [(0.0, 0.5), (0.5, 1.0)], ids=["first-half", "second-half"])
+def test_a_slice_trains_only_its_own_offsets_and_a_full_batch(stream, tmp_path, lo, hi):
+    """Bug classes: the slice mask not applied (two workers train the same samples), or a
+    slice reading too few records per step (its batch under-filled: a half slice reads twice
+    the batch to keep about a batch of its samples). Audit rows must tile what was read."""
+    from tests.conftest import audit_coverage
+
+    sl = Slice(0, lo, hi)
+    w = Worker(stream, "g", [sl], tmp_path / "ck", batch_size=200, audit=tmp_path / "audit.csv")
+    n, _, _ = w.step()
+    assert 150 <= n <= 250
+    out = w.run(exit_when_idle=True)
+    mine = sl.mask(np.arange(4000))
+    assert out["trained"] == int(mine.sum())
+    seen = audit_coverage(tmp_path / "audit.csv")[0]
+    assert sorted(seen) == [int(o) for o in np.flatnonzero(mine)] and set(seen.values()) == {1}
+    rows = [line.split(",") for line in (tmp_path / "audit.csv").read_text().splitlines()]
+    assert [int(r[3]) for r in rows[1:]] == [int(r[4]) for r in rows[:-1]] and int(rows[-1][4]) == 4000
+
+
+def test_an_empty_slice_does_not_stop_the_others(tmp_path):
+    """Bug class: the read loop stopping at the first slice with nothing to read."""
+    s = EmbeddedStream(tmp_path / "s.db", partitions=2)
+    s.append(1, pack(generate(50, 1)))
+    w = Worker(s, "g", [Slice(0), Slice(1)], tmp_path / "ck", batch_size=100)
+    assert w.step()[0] == 50
+
+
+def test_malformed_samples_are_counted_across_reads(tmp_path):
+    """Bug class: the malformed count overwritten by each read instead of accumulated."""
+    s = EmbeddedStream(tmp_path / "s.db", partitions=1)
+    s.append(0, pack(generate(30, 1)) + [b"garbage"] + pack(generate(30, 2)) + [b""] + pack(generate(30, 3)))
+    w = Worker(s, "g", [Slice(0)], tmp_path / "ck", batch_size=40)
+    out = w.run(exit_when_idle=True)
+    assert out["trained"] == 90 and out["malformed"] == 2
+
+
+def test_a_partial_slice_commits_under_its_own_group(stream, tmp_path):
+    """Bug class: a slice's commit written under the whole partition's group (its next owner
+    would start from the wrong position)."""
+    w = Worker(stream, "g", [Slice(0, 0.0, 0.5)], tmp_path / "ck", batch_size=100)
+    w.step()
+    w.checkpoint()
+    assert stream.committed("g/p0:0.000000-0.500000", 0) == w.positions[Slice(0, 0.0, 0.5)] > 0
+    assert stream.committed("g/p0:0.000000-1.000000", 0) == 0
+
+
+def test_a_checkpoint_of_another_consumer_group_restores_the_model_not_its_positions(stream, tmp_path):
+    """Bug class: positions of another consumer group (or of an older checkpoint without a
+    group or slices) taken as ours, or such a checkpoint refused."""
+    w = Worker(stream, "g", [Slice(0)], tmp_path / "ck", batch_size=100)
+    w.run(max_steps=3)
+    other = Worker(stream, "other", [Slice(0)], tmp_path / "ck", batch_size=100)
+    assert other.steps == 3 and other.positions == {Slice(0): 0}
+    assert other.restored_from == str(tmp_path / "ck" / "model.pt")
+    state = torch.load(tmp_path / "ck" / "model.pt", weights_only=False)
+    stream.commit("g/p0:0.000000-1.000000", {0: 100})  # a commit lost after the checkpoint
+    torch.save({k: v for k, v in state.items() if k != "group"}, tmp_path / "ck" / "model.pt")
+    unnamed = Worker(stream, "g", [Slice(0)], tmp_path / "ck", batch_size=100)
+    assert unnamed.positions == {Slice(0): 300}  # no group recorded: the positions are ours
+    torch.save({k: v for k, v in state.items() if k not in ("group", "slices")}, tmp_path / "ck" / "model.pt")
+    older = Worker(stream, "g", [Slice(0)], tmp_path / "ck", batch_size=100)
+    assert older.steps == 3 and older.positions == {Slice(0): 100}  # no positions: the stream's commit

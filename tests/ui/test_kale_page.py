@@ -8,7 +8,7 @@ from airflow.api_fastapi.core_api.security import get_user
 from fastapi.testclient import TestClient
 
 from kale_airflow.store import StateStore
-from kale_airflow.ui.app import app
+from kale_airflow.ui.app import app, create_app
 from kale_airflow.ui.plugin import KalePlugin
 
 
@@ -27,16 +27,22 @@ def history(tmp_path, monkeypatch):
     return store
 
 
-def test_every_route_refuses_anonymous_requests(history):
-    paths = sorted(r.path for r in app.routes)
+@pytest.mark.parametrize("make", [lambda: app, create_app], ids=["plugin-app", "fresh-app"])
+def test_every_route_refuses_anonymous_requests(history, make):
+    """Bug class: a route served without Airflow's auth (the app-level dependency dropped or
+    replaced). The plugin's app, and one built again (so `make mutation` sees the factory)."""
+    paths = sorted(r.path for r in make().routes)
     assert paths == ["/", "/api/state", "/plot.png"]  # a new route must be added here, and is then checked
-    client = TestClient(app)
+    client = TestClient(make())
     assert {p: client.get(p).status_code for p in paths} == {p: 401 for p in paths}
 
 
+@pytest.mark.parametrize("make", [lambda: app, create_app], ids=["plugin-app", "fresh-app"])
 @pytest.mark.parametrize("path", ["/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"])
-def test_documentation_routes_are_off(history, path):
-    assert TestClient(app).get(path).status_code == 404
+def test_documentation_routes_are_off(history, path, make):
+    """Bug class: FastAPI's documentation routes (not covered by app-level dependencies)
+    answering anonymous requests."""
+    assert TestClient(make()).get(path).status_code == 404
 
 
 REAL_SERVER = r"""
@@ -75,16 +81,17 @@ def test_served_by_the_real_airflow_api_server_with_its_auth(airflow_home, tmp_p
     assert "traffic doubles within the hour" in res["cookie_page"]
 
 
-@pytest.fixture
-def signed_in():
-    app.dependency_overrides[get_user] = lambda: object()  # stands in for a logged-in Airflow user
-    yield TestClient(app)
-    app.dependency_overrides.clear()
+@pytest.fixture(params=["plugin-app", "fresh-app"])
+def signed_in(request):
+    served = app if request.param == "plugin-app" else create_app()
+    served.dependency_overrides[get_user] = lambda: object()  # stands in for a logged-in Airflow user
+    yield TestClient(served)
+    served.dependency_overrides.clear()
 
 
 def test_page_shows_decisions_models_and_plot(history, signed_in):
     page = signed_in.get("/")
-    assert page.status_code == 200
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "scale_down_forecast" in page.text and "because 3" in page.text and "g7" in page.text
     png = signed_in.get("/plot.png")
     assert png.headers["content-type"] == "image/png" and png.content[:4] == b"\x89PNG"

@@ -100,10 +100,11 @@ def test_held_for(since, now, window, ok):
 
 @pytest.mark.parametrize(
     "current, target, worth",
-    [(40, 30, True), (40, 39, False), (10, 9, True), (10, 5, True)],
-    ids=["big-drop", "one-of-forty", "one-of-ten", "half"],
+    [(40, 30, True), (40, 39, False), (10, 9, True), (10, 5, True), (20, 19, False)],
+    ids=["big-drop", "one-of-forty", "one-of-ten", "half", "break-even-holds"],
 )
 def test_scale_down_must_beat_downtime_cost(current, target, worth):
+    # break-even: 1 worker x 3600 s saved == 20 x 90 s x 2 downtime cost, which is not a gain
     assert scale_down_worth_it(current, target, CFG)[0] is worth
 
 
@@ -214,6 +215,94 @@ def test_rescaling_holds():
     p = kale(lambda t: 50_000.0)
     d = p.decide(obs(0, 5, rescaling=True))
     assert (d.workers, d.reason) == (5, Reason.HOLD_RESCALING)
+    assert d.message == "rescale in progress; waiting for workers to restore"
+
+
+class RecordingCapacity(KnownCapacity):
+    """The oracle's capacity table, recording the measurements it is given (an input adapter)."""
+
+    def __init__(self, table):
+        super().__init__(table)
+        self.seen = []
+
+    def observe(self, now_s, workers, rate):
+        self.seen.append((now_s, workers, rate))
+
+
+def test_the_capacity_model_learns_from_every_tick_but_rescales():
+    """Bug class: throughput measured during a restart (workers restoring) fed to the capacity
+    model, or a measurement recorded with the wrong time, count or rate."""
+    cap = RecordingCapacity(CLUSTER.capacity_table(64))
+    p = KalePolicy(Limits(1, 64), ScriptedForecast(lambda t: 5_000.0), cap, CFG)
+    p.decide(obs(15, 6, throughput=4_321.0))
+    p.decide(obs(30, 6, throughput=10.0, rescaling=True))
+    assert cap.seen == [(15, 6, 4_321.0)]
+
+
+class History:
+    """A recent-peak source over what it observed (a minimal, faithful ForecastSource)."""
+
+    stateful = False
+
+    def __init__(self, upper=0.0):
+        self.seen, self.up = [], upper
+
+    def observe(self, now_s, rate):
+        if rate is not None:
+            self.seen.append((now_s, rate))
+
+    def recent_max(self, now_s, window_s):
+        inside = [r for t, r in self.seen if now_s - window_s < t <= now_s]
+        return max(inside) if inside else None
+
+    def upper(self, now_s, horizon_s):
+        return (self.up(horizon_s) if callable(self.up) else self.up), "forecast"
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+def test_recent_rate_is_the_window_peak_floored_by_the_arrival_rate():
+    """Bug classes: the floor (what is arriving now) dropped, the window's peak read at the
+    wrong time or not at all, a missing peak taken as 1 sample/s instead of none."""
+    from kale_airflow.core.policies.kale import recent_rate
+
+    h = History()
+    h.observe(100.0, 900.0), h.observe(500.0, 400.0)
+    assert recent_rate(h, 500.0, None, CFG) == 400.0         # 900 is older than the 300 s window
+    assert recent_rate(h, 500.0, 650.0, CFG) == 650.0        # never below the rate arriving now
+    assert recent_rate(h, 350.0, None, CFG) == 900.0
+    assert recent_rate(History(), 0.0, None, CFG) == 0.0     # nothing observed: no floor
+
+
+def test_forecast_uppers_look_one_and_two_lookaheads_ahead_or_fall_back():
+    """Bug classes: the level's horizon not twice the look-ahead, the fallback taken only when
+    both horizons fail, the fallback's recent peak read over the wrong window or time, or a
+    missing peak taken as 1 sample/s."""
+    from kale_airflow.core.policies.kale import forecast_uppers
+
+    echo = History(upper=lambda horizon: horizon)             # the upper bound names its horizon
+    assert forecast_uppers(echo, 0.0, CFG) == (3600.0, 7200.0, "forecast")
+
+    class NearFails(History):
+        def upper(self, now_s, horizon_s):
+            return (None, "stale") if horizon_s <= CFG.lookahead_s else (1.0, "forecast")
+
+    src = NearFails()
+    src.observe(0.0, 100.0), src.observe(1000.0, 50.0), src.observe(2000.0, 10.0)
+    up1, up2, source = forecast_uppers(src, 2000.0, CFG)      # peak over the last hour, plus 20%
+    assert (up1, up2, source) == (pytest.approx(120.0), pytest.approx(120.0), "fallback (stale)")
+    assert forecast_uppers(src, 4000.0, CFG)[0] == pytest.approx(60.0)  # t=0 has left the hour
+    assert forecast_uppers(NearFails(), 0.0, CFG)[:2] == (0.0, 0.0)
+
+
+def test_sizing_details_round_the_forecast_to_three_decimals():
+    """Bug class: the recorded forecast rounded to a whole number (the Kale page's forecast line)."""
+    assert Sizing(1, 2, False, 1234.56789, "forecast").details()["forecast_upper"] == pytest.approx(1234.568,
+                                                                                                     abs=5e-4)
 
 
 def test_clamped_to_the_partition_count():
@@ -288,6 +377,24 @@ def test_config_validation_names_both_fields():
         KaleConfig(lookahead_s=60, rescale_downtime_s=90)
 
 
+@pytest.mark.parametrize("fields, ok", [
+    ({"lookahead_s": 90, "rescale_downtime_s": 90}, True),    # a look-ahead that just covers the restart
+    ({"min_drain_s": 0}, False), ({"slo_s": 0}, False), ({"min_drain_s": 1e-3, "slo_s": 1e-3}, True),
+    ({"burst_down_window_s": 0}, True), ({"burst_down_window_s": -1}, False),
+    ({"down_tolerance": 0.0}, True), ({"down_tolerance": 0.99}, True), ({"down_tolerance": 1.0}, False),
+    ({"down_tolerance": -0.1}, False),
+], ids=["lookahead-equal", "drain-zero", "slo-zero", "tiny-positive", "burst-zero", "burst-negative",
+        "tolerance-zero", "tolerance-high", "tolerance-one", "tolerance-negative"])
+def test_config_bounds_are_exactly_the_documented_ones(fields, ok):
+    """Bug class: an off-by-one bound (a valid setting refused at startup, or an invalid one
+    accepted: a zero drain time divides by zero in stage 2, a tolerance of 1 never scales down)."""
+    if ok:
+        KaleConfig(**fields)
+    else:
+        with pytest.raises(ValueError, match="must be"):
+            KaleConfig(**fields)
+
+
 def test_pending_workers_block_further_scale_ups_but_not_scale_downs():
     p = kale(lambda t: 30_000.0)
     ds = [p.decide(obs(t, 10, rate=30_000, ready_workers=6)) for t in range(0, 300, 15)]
@@ -326,8 +433,9 @@ DETAILS = {"need": 9, "level": 12}
         (obs(0, 5, fresh=200), True, False, (12, Reason.SCALE_UP_SLO_RISK)),
         (obs(0, 5), False, True, (12, Reason.SCALE_UP_FORECAST)),
         (obs(0, 5), False, False, (5, Reason.HOLD_STABILIZING)),
+        (obs(0, 5, fresh=200, ready_workers=5), True, False, (12, Reason.SCALE_UP_SLO_RISK)),
     ],
-    ids=["pending-first", "slo-risk-now", "held-window", "not-yet"],
+    ids=["pending-first", "slo-risk-now", "held-window", "not-yet", "all-ready-is-not-pending"],
 )
 def test_scale_up_decision(o, at_risk, held, expected):
     d = scale_up_decision(o, Sizing(9, 12, at_risk, 1.0, "forecast"), held, CFG, DETAILS)
@@ -343,13 +451,30 @@ def test_scale_up_decision(o, at_risk, held, expected):
         (obs(0, 10), 5, False, (10, Reason.HOLD_STABILIZING)),
         (obs(0, 40), 30, True, (40, Reason.HOLD_NOT_WORTH_DOWNTIME)),
         (obs(0, 10), 5, True, (5, Reason.SCALE_DOWN_FORECAST)),
+        (Observation(0, 10, arrival_rate=5.0), 2, True, (10, Reason.HOLD_MISSING_METRICS)),
+        (obs(0, 10), 9, True, (10, Reason.HOLD_NOT_WORTH_DOWNTIME)),
     ],
-    ids=["missing-metrics", "covers", "tolerance", "count-too-young", "not-worth", "down"],
+    ids=["missing-metrics", "covers", "tolerance", "count-too-young", "not-worth", "down", "backlog-missing",
+         "at-the-tolerance-edge"],
 )
 def test_scale_down_decision(o, target, held, expected):
+    """Bug classes: a check skipped or off by one (only one missing metric, a level exactly at
+    the tolerance edge: 9 of 10 is 10% below, outside the band), the decision's details lost."""
     # A 10-minute look-ahead: saving 10 of 40 workers for it does not beat 40 restarts' cost.
     d = scale_down_decision(o, target, held, KaleConfig(lookahead_s=600), DETAILS)
-    assert (d.workers, d.reason) == expected
+    assert (d.workers, d.reason) == expected and d.details is DETAILS
+
+
+@pytest.mark.parametrize("o, target, message", [
+    (Observation(0, 10), 2, "arrival rate or backlog missing: never scale down on missing data"),
+    (obs(0, 10), 10, "10 workers cover the forecast (level 10)"),
+    # saves 5 workers x 600 s = 0.83 GPU-h; costs 10 restarts x 90 s x 2 = 0.50 GPU-h
+    (obs(0, 10), 5, "level 5 held for 15 min; saves 0.83 GPU-h over 0.50 GPU-h downtime cost"),
+    (obs(0, 20), 19, "level 19 is within 10% of 20"),
+], ids=["missing-metrics", "covers", "down", "tolerance"])
+def test_scale_down_messages_state_the_figures(o, target, message):
+    """Bug class: the operator-facing reason (the Kale page, the decision log) wrong or missing."""
+    assert scale_down_decision(o, target, True, KaleConfig(lookahead_s=600), DETAILS).message == message
 
 
 # --------------------------------------------------------------- first start
@@ -530,6 +655,59 @@ def test_sized_for_restart(decision, floor, workers, reason):
         assert "drain what the restart leaves" in d.message
 
 
+@pytest.mark.parametrize("decision, floor", [
+    (Decision(10, Reason.HOLD, "hold", {"level": 10}), 14),              # a hold is not a rescale: no floor
+    (Decision(12, Reason.SCALE_UP_FORECAST, "up", {"level": 12}), 12),   # the scale-up already reaches it
+    (Decision(6, Reason.SCALE_DOWN_FORECAST, "down", {"level": 6}), 6),  # the scale-down stops right at it
+], ids=["hold-above-floor", "up-at-floor", "down-at-floor"])
+def test_sized_for_restart_leaves_decisions_that_meet_the_floor_alone(decision, floor):
+    """Bug class: an off-by-one in the floor's comparisons turning a hold into a rescale, or
+    rewriting a decision (and its message) that already meets the floor."""
+    assert sized_for_restart(decision, 10, floor) is decision
+
+
+@pytest.mark.parametrize("decision, floor", [(UP, 15), (DOWN, 8), (DOWN, 14)], ids=["raised", "stopped", "held"])
+def test_sized_for_restart_keeps_the_decision_details(decision, floor):
+    """Bug class: the sizing details (need, level, forecast) dropped from a floored decision."""
+    d = Decision(decision.workers, decision.reason, decision.message, {"level": decision.workers})
+    assert sized_for_restart(d, 10, floor).details is d.details
+
+
+def test_policy_state_round_trips_mid_burst():
+    """Bug class: the burst flag or the reason of the last rescale lost between sensor pokes
+    (a state key renamed on save or load, a missing key read as a burst): the restored
+    policy must decide exactly as the one that kept running."""
+    import json
+
+    def run(restore_each_tick):
+        p = kale(lambda t: 5_000.0)
+        n = CLUSTER.workers_for(5_150, 64)
+        out = [p.decide(obs(0, n, rate=5_000, backlog=3_000_000, fresh=200))]
+        big = out[0].workers
+        for t in range(15, 1200, 15):
+            if restore_each_tick:
+                q = kale(lambda t: 5_000.0)
+                q.load_state_dict(json.loads(json.dumps(p.state_dict())))
+                p = q
+            out.append(p.decide(obs(t, big, rate=5_000, backlog=0.0, fresh=0.0)))
+        return [(d.workers, d.reason) for d in out]
+
+    kept = run(False)
+    assert kept == run(True)
+    assert any(r == Reason.SCALE_DOWN_FORECAST for _, r in kept[:int(900 / 15)])  # the burst's short window
+
+
+def test_an_empty_state_is_a_fresh_policy():
+    """Bug class: a first poke (no saved state) crashing, or a stateful source's missing state
+    read anyway."""
+    p = kale(lambda t: 5_000.0)
+    p.load_state_dict({})
+    assert p.state_dict()["levels"] == [] and p.state_dict()["burst"] is False
+    online = OnlineForecastSource(SeasonalNaiveForecaster(), bin_s=300)
+    KalePolicy(Limits(1, 64), online, KnownCapacity(CLUSTER.capacity_table(64)), CFG).load_state_dict({})
+    assert len(online.bins) == 0
+
+
 def test_kale_holds_a_scale_down_whose_restart_it_could_not_drain():
     """Bug: a scale-down that looks worth it on GPU time, but whose 90 s pause leaves more
     than the smaller count drains before the SLO (then an SLO-risk scale-up: thrash)."""
@@ -563,3 +741,52 @@ def test_a_scale_down_worth_it_at_the_configured_pause_is_not_at_the_measured_on
     measured = KaleConfig(slo_s=60, rescale_downtime_s=planned_downtime(8, [35.0], 60), lookahead_s=60)
     assert scale_down_worth_it(6, 4, configured)[0]
     assert not scale_down_worth_it(6, 4, measured)[0]
+
+
+def test_the_arrival_rate_floors_a_lagging_recent_peak():
+    """Bug class: the rate arriving now not reaching stage 1, or the recent peak asked at the
+    wrong time. A source's recent peak can lag (the online source reports the mean of the bin
+    in progress): a jump from 1 000 to 20 000/s within a bin must still be sized for."""
+
+    class BinMean(History):
+        def recent_max(self, now_s, window_s):
+            cur = [r for t, r in self.seen if t // 300 == now_s // 300]
+            return sum(cur) / len(cur) if cur else None
+
+    p = KalePolicy(Limits(1, 64), BinMean(), KnownCapacity(CLUSTER.capacity_table(64)), CFG)
+    p.decide(obs(0, 1, rate=1_000.0))
+    assert p.decide(obs(15, 1, rate=20_000.0)).details["need"] == CLUSTER.workers_for(20_600, 64)
+
+
+def test_a_need_that_waits_says_so_and_a_need_met_holds():
+    """Bug classes: the stabilizing hold's message lost; a need equal to the count taken as a
+    scale-up need (it holds as covered, not as stabilizing)."""
+    d = scale_up_decision(obs(0, 5), Sizing(9, 12, False, 1.0, "forecast"), False, CFG, DETAILS)
+    assert d.message == "need 9 > 5; waiting until it holds 60s"
+    p = kale(lambda t: 5_000.0)
+    n = CLUSTER.workers_for(5_150, 64)
+    assert p.decide(obs(0, n, rate=5_000)).reason == Reason.HOLD
+
+
+def test_a_burst_waits_the_full_window_while_freshness_lags():
+    """Bug class: 'drained' taken as an empty backlog *or* no freshness lag: the burst's short
+    window must wait until both are gone."""
+    p = kale(lambda t: 5_000.0)
+    n = CLUSTER.workers_for(5_150, 64)
+    big = p.decide(obs(0, n, rate=5_000, backlog=3_000_000, fresh=200)).workers
+    ds = [p.decide(obs(t, big, rate=5_000, backlog=0.0, fresh=30.0)) for t in range(15, 900, 15)]
+    assert not any(d.reason == Reason.SCALE_DOWN_FORECAST for d in ds)
+
+
+def test_window_max_forgets_a_value_just_outside_the_window():
+    """Bug class: the window's edge widened (a level 0.5 s older than the window still counted)."""
+    wm = WindowMax(30.0)
+    wm.push(0.0, 9)
+    assert wm.push(30.5, 1) == 1
+
+
+def test_the_policy_keeps_its_tick_and_name():
+    """Bug class: the tick interval the simulator and sensor read, or a given name, lost."""
+    p = KalePolicy(Limits(1, 8), ScriptedForecast(lambda t: 1.0), KnownCapacity(CLUSTER.capacity_table(8)),
+                   KaleConfig(interval_s=20.0), name="kale-b")
+    assert p.interval_s == 20.0 and p.name == "kale-b"
