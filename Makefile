@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[all,test]'
 	touch $(STAMP)
 
-# The main job: the whole Airflow loop on the embedded default (about 12 minutes).
+# The main job: the whole Airflow loop on the embedded default (about 10 minutes).
 demo: $(STAMP)
 	$(BIN)/kale demo --out $(OUT)/demo
 

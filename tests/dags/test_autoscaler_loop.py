@@ -73,11 +73,10 @@ def stop_workers(airflow_home) -> None:
     assert store.running_workers() == [], "workers kept training after their generation was superseded"
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def live(airflow_home, request):
-    """The loop's world, once per control-plane backend: SQLite (embedded) and a real PostgreSQL."""
-    if request.param == "postgres":
-        airflow_home.env["KALE_DATABASE_URL"] = request.getfixturevalue("postgres_database")
+@pytest.fixture
+def live(airflow_home):
+    """The loop's world on the embedded default (SQLite control plane). The same scenario runs
+    with a PostgreSQL control plane on Kafka (tests/stream/test_autoscaler_loop_kafka.py)."""
     home = airflow_home.kale_home
     home.mkdir(parents=True, exist_ok=True)
     EmbeddedStream(home / "stream.db", partitions=4)
