@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -43,7 +44,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                     cluster=cluster, profile_workers=profile_workers, profile_noise_sd=profile_noise,
                     hpa_window_s=args.hpa_window_s, keda_lag_threshold_s=args.keda_lag_threshold_s,
                     autopilot_margin=args.autopilot_margin, autopilot_percentile=args.autopilot_percentile)
-    result = simulate(trace, args.policies, cfg, forecaster=args.forecaster, progress=not args.no_progress)
+    result = simulate(trace, args.policies, cfg, forecaster=args.forecaster, progress=not args.no_progress,
+                      jobs=args.jobs)
     doc = result.to_dict()
     print(f"trace {trace.name}: {doc['evaluation']['days']:.1f} days evaluated after {cfg.history_days:g} days of "
           f"history, tick {cfg.tick_s:g}s, SLO {cfg.slo_s:g}s, rescale downtime {cfg.rescale_downtime_s:g}s, "
@@ -209,6 +211,8 @@ def _add_simulate(sub) -> None:
     sim.add_argument("--plot", metavar="OUT.png",
                      help="write one panel per policy (capacity vs traffic, workers, freshness lag), a zoomed "
                           "busiest day and a bar chart of the ratios against HPA and clairvoyant Kale")
+    sim.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                     help="replay the policies in this many processes (same results; 1 = in this process)")
     sim.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     sim.set_defaults(func=cmd_simulate)
 

@@ -294,3 +294,15 @@ def test_kale_never_scales_into_the_falling_region_of_a_comm_cluster(trace):
         left = np.flatnonzero(above)[-1]
         first_exit = np.flatnonzero(np.diff(above.astype(int)) == -1)
         assert first_exit.size == 0 or left <= first_exit[0]
+
+
+def test_replays_in_several_processes_give_the_same_runs_in_the_given_order(trace):
+    names = ("hpa", "kale", "static", "oracle")
+    one = simulate(trace, names, CFG, offline=False, jobs=1)
+    two = simulate(trace, names, CFG, offline=False, jobs=2)
+    assert tuple(two.runs) == names
+    for name in names:
+        a, b = one.runs[name], two.runs[name]
+        assert {k: v for k, v in a.metrics.items() if k != "decide_p99_ms"} == \
+            {k: v for k, v in b.metrics.items() if k != "decide_p99_ms"}, name
+        assert np.array_equal(a.workers, b.workers) and a.rescale_events == b.rescale_events
