@@ -16,9 +16,9 @@ Stages (each a small pure function, tested on its own):
    must be at least ``down_tolerance`` below the current count, the count must have run
    for ``down_window_s``, *and* the GPU time saved over the look-ahead must beat the
    downtime cost (``current * downtime_s * downtime_cost_factor``). After a burst (a count
-   set by an SLO-risk scale-up) the shorter ``burst_down_window_s`` applies once the
-   backlog is drained: fast return, with the same tolerance and cost checks. Missing
-   metrics never scale down;
+   sized to drain a backlog: an SLO-risk scale-up, or one the restart floor of stage 5
+   raised) the shorter ``burst_down_window_s`` applies once the backlog is drained: fast
+   return, with the same tolerance and cost checks. Missing metrics never scale down;
 5. **restart floor** - a rescale pauses training for the downtime, so it leaves the
    backlog plus a downtime of arrivals; the new count must keep up with the arrivals and
    drain that before the oldest sample breaks the SLO (:func:`restart_floor`). A
@@ -602,8 +602,8 @@ class KalePolicy:
             self.name = name
         self._levels = WindowMax(self.config.down_window_s)  # levels asked for at the current count
         self._burst_levels = WindowMax(min(self.config.burst_down_window_s, self.config.down_window_s))
-        self._burst = False         # the current count was set by an SLO-risk (burst) scale-up
-        self._changed_by: str | None = None  # reason of the last decision that changed the count
+        self._burst = False         # the current count was sized to drain a backlog (fast return)
+        self._to_drain = False      # the last rescale was sized to drain a backlog (see decide)
         self._count: int | None = None
         self._count_since: float | None = None
         self._up_since: float | None = None
@@ -613,7 +613,7 @@ class KalePolicy:
         so a policy can be rebuilt between sensor pokes and DAG runs."""
         state = {"levels": self._levels.state_dict(), "count": self._count, "count_since": self._count_since,
                  "up_since": self._up_since, "burst_levels": self._burst_levels.state_dict(), "burst": self._burst,
-                 "changed_by": self._changed_by}
+                 "to_drain": self._to_drain}
         if self.forecast.stateful:
             state["forecast"] = self.forecast.state_dict()
         return state
@@ -622,7 +622,9 @@ class KalePolicy:
         """Inverse of :meth:`state_dict`."""
         self._levels.load_state_dict(state.get("levels", []))
         self._burst_levels.load_state_dict(state.get("burst_levels", []))
-        self._burst, self._changed_by = bool(state.get("burst", False)), state.get("changed_by")
+        self._burst = bool(state.get("burst", False))
+        # "changed_by" (the last rescale's reason) is what states saved before "to_drain" carry.
+        self._to_drain = bool(state.get("to_drain", state.get("changed_by") == Reason.SCALE_UP_SLO_RISK.value))
         self._count, self._count_since, self._up_since = state.get("count"), state.get("count_since"), \
             state.get("up_since")
         if "forecast" in state and self.forecast.stateful:
@@ -652,14 +654,14 @@ class KalePolicy:
         down window (the scale-down target)."""
         if self._count != current:  # a rescale happened: stabilization starts over
             self._count, self._count_since, self._up_since = current, now, None
-            self._burst = self._changed_by == Reason.SCALE_UP_SLO_RISK.value
+            self._burst = self._to_drain
             self._levels.reset()
             self._burst_levels.reset()
         target = self._levels.push(now, sizing.level)
         burst_target = self._burst_levels.push(now, sizing.level)
         if self._burst:
-            # Fast return after a burst: the burst's count is not a level the forecast asked
-            # for, so the shorter window applies (once the backlog is gone, see decide).
+            # Fast return after a burst: a count sized to drain a backlog is not a level the
+            # forecast asked for, so the shorter window applies (once the backlog is gone, see decide).
             target = burst_target
         self._up_since = (self._up_since if self._up_since is not None else now) if sizing.need > current else None
         return target
@@ -682,9 +684,12 @@ class KalePolicy:
             window = min(cfg.burst_down_window_s, cfg.down_window_s) if self._burst and drained else cfg.down_window_s
             d = scale_down_decision(obs, target, held_for(self._count_since, now, window), cfg, details)
         if d.workers != current:
-            d = sized_for_restart(d, current, restart_floor(obs, cfg, self._clamped_workers_for))
-        if d.workers != current:
-            self._changed_by = d.reason.value
+            floor = restart_floor(obs, cfg, self._clamped_workers_for)
+            raised = d.workers > current and floor > d.workers
+            d = sized_for_restart(d, current, floor)
+            if d.workers != current:
+                # A count set by SLO risk, or raised by the floor, is sized for a backlog: it returns fast.
+                self._to_drain = raised or d.reason == Reason.SCALE_UP_SLO_RISK
         return d
 
     def first_start(self, obs: Observation) -> Decision:

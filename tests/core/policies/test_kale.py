@@ -604,6 +604,25 @@ def test_after_a_burst_kale_returns_within_the_short_window_once_drained():
     assert d.workers == CLUSTER.workers_for(5_000 + 5_000 * 90 / 210, 64)  # the restart floor
 
 
+def test_a_scale_up_the_restart_floor_raised_returns_within_the_short_window():
+    """Bug: only SLO-risk scale-ups counted as bursts, so a forecast scale-up that the
+    restart floor raised to drain a backlog held its extra workers for the full 15 min
+    window (two rescales per burst at the cost of the larger count)."""
+    p = kale(lambda t: 5_000.0)
+    low = CLUSTER.workers_for(4_000, 64)
+    d, t = None, 0
+    while d is None or d.workers == low:  # need > low; backlog piles up but the SLO is not at risk
+        d = p.decide(obs(t, low, rate=5_000, backlog=600_000, fresh=60))
+        t += 15
+    assert d.reason == Reason.SCALE_UP_FORECAST and "drain what the restart leaves" in d.message
+    big, start, first_down = d.workers, t, None
+    while t < start + 1200 and first_down is None:
+        d = p.decide(obs(t, big, rate=5_000))
+        first_down = t - start if d.reason == Reason.SCALE_DOWN_FORECAST else None
+        t += 15
+    assert first_down is not None and 300 <= first_down < 900
+
+
 def test_a_forecast_scale_up_keeps_the_full_down_window():
     p = kale(lambda t: 20_000.0 if t < 600 else 5_000.0)
     n = CLUSTER.workers_for(5_150, 64)
@@ -695,6 +714,14 @@ def test_policy_state_round_trips_mid_burst():
     kept = run(False)
     assert kept == run(True)
     assert any(r == Reason.SCALE_DOWN_FORECAST for _, r in kept[:int(900 / 15)])  # the burst's short window
+
+
+def test_a_state_saved_before_to_drain_reads_the_last_reason():
+    """States saved by an older version carry the last rescale's reason instead."""
+    for reason, drain in (("scale_up_slo_risk", True), ("scale_up_forecast", False)):
+        p = kale(lambda t: 5_000.0)
+        p.load_state_dict({"changed_by": reason})
+        assert p.state_dict()["to_drain"] is drain
 
 
 def test_an_empty_state_is_a_fresh_policy():
