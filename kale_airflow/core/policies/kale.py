@@ -3,11 +3,11 @@
 Stages (each a small pure function, tested on its own):
 
 1. **required capacity** - the forecast's upper quantile, maximised over a look-ahead
-   that covers the rescale latency (``lookahead_s``, 1 h), never below the recently
+   that covers the rescale latency (``lookahead_s``, 30 min), never below the recently
    observed rate, plus ``headroom`` (which also drains the backlog a restart leaves);
    inverted through the conservative throughput model to workers. Two levels:
    ``need`` over ``lookahead_s`` and ``level`` over ``2 * lookahead_s``. A scale-up goes
-   to ``level``, so the next one is at least an hour away;
+   to ``level``, so the next one is at least a look-ahead away;
 2. **SLO risk** - freshness lag above ``slo_risk_fraction * slo_s``: add the rate that
    clears the backlog before the SLO breaks (after the restart) and scale up now;
 3. **scale-up stabilization** - ``need`` must exceed the current count for the whole
@@ -61,7 +61,7 @@ class KaleConfig:
 
     slo_s: float = 300.0
     rescale_downtime_s: float = 90.0
-    lookahead_s: float = 3600.0
+    lookahead_s: float = 1800.0  # chosen on the first halves of the shared traces (benchmarks/engine.py)
     forecast_quantile: float = 0.5  # chosen on the first halves of the shared traces (benchmarks/engine.py)
     headroom: float = 0.03
     min_drain_s: float = 60.0

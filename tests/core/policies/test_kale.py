@@ -100,11 +100,11 @@ def test_held_for(since, now, window, ok):
 
 @pytest.mark.parametrize(
     "current, target, worth",
-    [(40, 30, True), (40, 39, False), (10, 9, True), (10, 5, True), (20, 19, False)],
-    ids=["big-drop", "one-of-forty", "one-of-ten", "half", "break-even-holds"],
+    [(40, 30, True), (40, 39, False), (5, 4, True), (10, 5, True), (10, 9, False)],
+    ids=["big-drop", "one-of-forty", "one-of-five", "half", "break-even-holds"],
 )
 def test_scale_down_must_beat_downtime_cost(current, target, worth):
-    # break-even: 1 worker x 3600 s saved == 20 x 90 s x 2 downtime cost, which is not a gain
+    # break-even: 1 worker x 1800 s (the look-ahead) saved == 10 x 90 s x 2 downtime cost, not a gain
     assert scale_down_worth_it(current, target, CFG)[0] is worth
 
 
@@ -284,19 +284,21 @@ def test_forecast_uppers_look_one_and_two_lookaheads_ahead_or_fall_back():
     missing peak taken as 1 sample/s."""
     from kale_airflow.core.policies.kale import forecast_uppers
 
+    HOUR = KaleConfig(lookahead_s=3600.0)
+
     echo = History(upper=lambda horizon: horizon)             # the upper bound names its horizon
-    assert forecast_uppers(echo, 0.0, CFG) == (3600.0, 7200.0, "forecast")
+    assert forecast_uppers(echo, 0.0, HOUR) == (3600.0, 7200.0, "forecast")
 
     class NearFails(History):
         def upper(self, now_s, horizon_s):
-            return (None, "stale") if horizon_s <= CFG.lookahead_s else (1.0, "forecast")
+            return (None, "stale") if horizon_s <= HOUR.lookahead_s else (1.0, "forecast")
 
     src = NearFails()
     src.observe(0.0, 100.0), src.observe(1000.0, 50.0), src.observe(2000.0, 10.0)
-    up1, up2, source = forecast_uppers(src, 2000.0, CFG)      # peak over the last hour, plus 20%
+    up1, up2, source = forecast_uppers(src, 2000.0, HOUR)      # peak over the last hour, plus 20%
     assert (up1, up2, source) == (pytest.approx(120.0), pytest.approx(120.0), "fallback (stale)")
-    assert forecast_uppers(src, 4000.0, CFG)[0] == pytest.approx(60.0)  # t=0 has left the hour
-    assert forecast_uppers(NearFails(), 0.0, CFG)[:2] == (0.0, 0.0)
+    assert forecast_uppers(src, 4000.0, HOUR)[0] == pytest.approx(60.0)  # t=0 has left the hour
+    assert forecast_uppers(NearFails(), 0.0, HOUR)[:2] == (0.0, 0.0)
 
 
 def test_sizing_details_round_the_forecast_to_three_decimals():
