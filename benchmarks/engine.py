@@ -50,6 +50,7 @@ KALE_CANDIDATES = {
     "q0.8": {"forecast_quantile": 0.8, "burst_down_window_s": 300.0, "lookahead_s": 3600.0},
     "q0.5": {"forecast_quantile": 0.5, "burst_down_window_s": 300.0, "lookahead_s": 3600.0},
     "q0.5-slow-return": {"forecast_quantile": 0.5, "burst_down_window_s": 900.0, "lookahead_s": 3600.0},
+    "q0.5-45min": {"forecast_quantile": 0.5, "burst_down_window_s": 300.0, "lookahead_s": 2700.0},
     "q0.5-30min": {"forecast_quantile": 0.5, "burst_down_window_s": 300.0, "lookahead_s": 1800.0},
 }
 PT = 100.0  # rates are fractions; targets are in percentage points
@@ -115,6 +116,8 @@ def run_one(path: str, policies: tuple, cfg: SimConfig, kale: dict) -> dict:
     result = simulate(trace, policies, cfg, kale_config=KaleConfig(**kale))
     doc = result.to_dict()
     doc["kale_config"] = kale
+    if "kale" not in policies:
+        return doc
     if "hpa" in policies or "autopilot" in policies:
         doc["best"] = bests(doc)
         doc["checks"] = judge(doc)
@@ -123,22 +126,37 @@ def run_one(path: str, policies: tuple, cfg: SimConfig, kale: dict) -> dict:
 
 
 def choose(first: dict[str, dict[str, dict]]) -> tuple[str, list[dict]]:
-    """Kale's parameters from the first halves only: the candidate with the lowest mean
-    GPU-hours over the offline optimum's (a reference no candidate moves, unlike clairvoyant
-    Kale, which runs the candidate's own logic), among those whose SLO violation rate on
-    every trace stays within max(1 %, clairvoyant's + 0.5 pt); the lowest worst-case
-    violation otherwise. ``first[candidate][trace]`` is a run document."""
+    """Kale's parameters from the first halves only: the candidate meeting the most of the
+    issue's targets (``judge``) over the first halves, ties broken by the lowest mean
+    GPU-hours over the offline optimum's (a reference no candidate moves, unlike
+    clairvoyant Kale, which runs the candidate's own logic). ``first[candidate][trace]``
+    is a judged run document."""
     rows = []
     for cand, docs in first.items():
         ratios = [d["policies"]["kale"]["gpu_hours"] / d["limits"]["offline_optimal_gpu_hours"] for d in docs.values()]
-        excess = [d["policies"]["kale"]["slo_violation_rate"] * PT
-                  - max(1.0, d["policies"]["oracle"]["slo_violation_rate"] * PT + 0.5) for d in docs.values()]
-        rows.append({"candidate": cand, "params": KALE_CANDIDATES[cand], "mean_gpu_over_offline": float(np.mean(ratios)),
-                     "worst_slo_excess_points": float(max(excess)), "ok": bool(max(excess) <= 0)})
-    ok = [r for r in rows if r["ok"]]
-    pick = min(ok, key=lambda r: r["mean_gpu_over_offline"]) if ok else \
-        min(rows, key=lambda r: r["worst_slo_excess_points"])
+        missed = [f"{stem.split('_')[0]}: {c['name']}" for stem, d in docs.items() for c in d["checks"] if not c["pass"]]
+        met = sum(c["pass"] for d in docs.values() for c in d["checks"])
+        total = sum(len(d["checks"]) for d in docs.values())
+        rows.append({"candidate": cand, "params": KALE_CANDIDATES[cand], "targets_met": met, "targets": total,
+                     "mean_gpu_over_offline": float(np.mean(ratios)), "missed": missed})
+    pick = max(rows, key=lambda r: (r["targets_met"], -r["mean_gpu_over_offline"]))
     return pick["candidate"], rows
+
+
+def first_halves(pool, paths: list[Path], wins: dict) -> dict[str, dict[str, dict]]:
+    """Every candidate's Kale and clairvoyant Kale on each first half, judged against the
+    baselines (run once per trace: they do not depend on Kale's parameters)."""
+    base = {p.stem: pool.submit(run_one, str(p), ("static",) + GRID, wins[p.stem]["first_half"], {}) for p in paths}
+    futs = {(cand, p.stem): pool.submit(run_one, str(p), ("kale", "oracle"), wins[p.stem]["first_half"], kw)
+            for cand, kw in KALE_CANDIDATES.items() for p in paths}
+    first = {cand: {} for cand in KALE_CANDIDATES}
+    for (cand, stem), f in futs.items():
+        doc = f.result()
+        doc["policies"] = base[stem].result()["policies"] | doc["policies"]
+        doc["best"] = bests(doc)
+        doc["checks"] = judge(doc)
+        first[cand][stem] = doc
+    return first
 
 
 def speed(trace_path: Path, kale: dict) -> dict:
@@ -227,19 +245,15 @@ def main() -> int:
     wins = {p.stem: windows(load_trace(p), args.days) for p in paths}
     with ProcessPoolExecutor(args.jobs) as pool:
         # 1. Parameter discipline: candidates on the first halves only.
-        futs = {(cand, p.stem): pool.submit(run_one, str(p), ("kale", "oracle"), wins[p.stem]["first_half"], kw)
-                for cand, kw in KALE_CANDIDATES.items() for p in paths}
-        first = {cand: {} for cand in KALE_CANDIDATES}
-        for (cand, stem), f in futs.items():
-            first[cand][stem] = f.result()
+        first = first_halves(pool, paths, wins)
         chosen, rows = choose(first)
         kale = KALE_CANDIDATES[chosen]
         defaults = {k: v for k, v in asdict(KaleConfig()).items() if k in kale}
         print(f"== Kale parameters chosen on the first halves: {chosen} {kale} "
               f"({'the KaleConfig defaults' if defaults == kale else 'NOT the KaleConfig defaults'})")
         for r in rows:
-            print(f"  {r['candidate']:>18}: GPU-h / offline optimum {r['mean_gpu_over_offline']:.3f}, "
-                  f"worst SLO excess {r['worst_slo_excess_points']:+.2f} pt")
+            print(f"  {r['candidate']:>18}: targets met {r['targets_met']}/{r['targets']}, GPU-h / offline optimum "
+                  f"{r['mean_gpu_over_offline']:.3f}; missed: {'; '.join(r['missed']) or 'none'}")
         if args.tune_only:
             return 0
         # 2. Reported runs: second half and whole (default cluster), whole on the misspecified clusters.
