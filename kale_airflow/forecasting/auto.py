@@ -1,7 +1,8 @@
 """``auto``: a roster of forecasters, one chosen by backtest on the training history only.
 
-``fit(history)`` holds out the last ``selection_days`` of the history (at most a quarter of
-it), fits every member on what comes before, forecasts from rolling origins through the
+``fit(history)`` holds out the last ``selection_days`` of the history (7: one weekly cycle,
+so every weekday counts once; at most a quarter of the history), fits every member on
+what comes before, forecasts from rolling origins through the
 held-out days (each origin sees only data before it) and scores every candidate there:
 
 - the members: the seasonal baseline, NeuralProphet, MSTL (see their modules);
@@ -64,7 +65,7 @@ class AutoForecaster(ForecasterBase):
     quantiles: tuple[float, ...] = (0.5, 0.8, 0.9)
     members: tuple[str, ...] = MEMBERS
     member_options: dict = field(default_factory=dict)
-    selection_days: float = 2.0
+    selection_days: float = 7.0
     score_horizon_s: float = 3600.0
     calibration_horizon_s: float = 10800.0
     max_history_days: float = 28.0
