@@ -625,6 +625,28 @@ def test_a_scale_up_the_restart_floor_raised_returns_within_the_short_window():
     assert first_down is not None and 300 <= first_down < 900
 
 
+def test_a_scale_up_that_just_meets_the_restart_floor_keeps_the_full_down_window():
+    """Bug: a scale-up whose level merely equals the floor counted as raised by it, so a
+    count the forecast asked for returned on the short burst window."""
+    table = CLUSTER.capacity_table(64)
+    switch = {"at": None}
+    p = kale(lambda t: 5_000.0 if switch["at"] is None or t < switch["at"] else 1_000.0)
+    level = CLUSTER.workers_for(5_000 * (1 + CFG.headroom), 64)
+    x = (table[level] + table[level - 1]) / 2       # a floor rate that needs exactly `level`
+    backlog = (x - 1_000) * (CFG.slo_s - CFG.rescale_downtime_s) - 1_000 * CFG.rescale_downtime_s
+    d, t = None, 0
+    while d is None or d.workers == 2:
+        d = p.decide(obs(t, 2, rate=1_000, backlog=backlog))
+        t += 15
+    assert d.workers == level and "drain" not in d.message
+    switch["at"], start, first_down = t, t, None
+    while t < start + 1200 and first_down is None:
+        d = p.decide(obs(t, level, rate=1_000))
+        first_down = t - start if d.reason == Reason.SCALE_DOWN_FORECAST else None
+        t += 15
+    assert first_down is not None and first_down >= 900
+
+
 def test_a_forecast_scale_up_keeps_the_full_down_window():
     p = kale(lambda t: 20_000.0 if t < 600 else 5_000.0)
     n = CLUSTER.workers_for(5_150, 64)
