@@ -33,31 +33,6 @@ pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.slow]
 
 KAFKA_CONFIG = {"kale.arrivals": "end-offsets", "producer.batch.num.messages": 50}
 
-PRODUCER = r"""
-import sys, time
-from pathlib import Path
-from kale_airflow.stream.kafka import KafkaStream
-from kale_airflow.runtime.samples import generate, pack
-from kale_airflow.stream.base import StreamError
-s = KafkaStream.from_url(sys.argv[1], timeout_s=60)
-rate_file = Path(sys.argv[2])
-payload = pack(generate(200, 1))
-i, last, owed = 0, time.monotonic(), 0.0
-while True:  # keeps the file's rate even when a loaded machine delays the loop
-    time.sleep(0.2)
-    now = time.monotonic()
-    owed += float(rate_file.read_text()) * (now - last)  # the test replaces the file atomically
-    last, n = now, int(owed)
-    owed -= n
-    if n:
-        try:
-            s.append(i % 4, (payload * (n // 200 + 1))[:n])
-        except StreamError as exc:  # a broker slowed down by the loaded machine: the records stay queued
-            print(f"producer: {exc}", file=sys.stderr)
-    i += 1
-"""
-
-
 @pytest.fixture
 def live_kafka(airflow_home, kafka_broker, postgres_database):
     """The loop's world with a 4-partition Kafka topic as the stream and PostgreSQL as the
@@ -68,7 +43,7 @@ def live_kafka(airflow_home, kafka_broker, postgres_database):
     airflow_home.env["KALE_KAFKA_CONFIG"] = json.dumps(KAFKA_CONFIG)
     airflow_home.env["KALE_DATABASE_URL"] = postgres_database
     rate = loop.prepare_loop(airflow_home, stream_url=url)
-    proc = subprocess.Popen([sys.executable, "-c", PRODUCER, url, str(rate)],
+    proc = subprocess.Popen([sys.executable, "-c", loop.PRODUCER, url, str(rate)],
                             env=os.environ | {"KALE_KAFKA_CONFIG": airflow_home.env["KALE_KAFKA_CONFIG"]})
     yield airflow_home, rate
     proc.kill()
