@@ -47,11 +47,14 @@ POLICIES = ("kale", "oracle", "static") + GRID
 CLUSTER_POLICIES = ("kale", "oracle", "static") + BASELINE_GRID["hpa"] + BASELINE_GRID["autopilot"]
 # Kale's global parameters, chosen on the first halves only (see choose()).
 KALE_CANDIDATES = {
-    "q0.8": {"forecast_quantile": 0.8, "burst_down_window_s": 300.0, "lookahead_s": 3600.0},
-    "q0.5": {"forecast_quantile": 0.5, "burst_down_window_s": 300.0, "lookahead_s": 3600.0},
-    "q0.5-slow-return": {"forecast_quantile": 0.5, "burst_down_window_s": 900.0, "lookahead_s": 3600.0},
-    "q0.5-45min": {"forecast_quantile": 0.5, "burst_down_window_s": 300.0, "lookahead_s": 2700.0},
-    "q0.5-30min": {"forecast_quantile": 0.5, "burst_down_window_s": 300.0, "lookahead_s": 1800.0},
+    "q0.8": {"forecast_quantile": 0.8, "burst_down_window_s": 300.0, "lookahead_s": 3600.0, "headroom": 0.03},
+    "q0.5": {"forecast_quantile": 0.5, "burst_down_window_s": 300.0, "lookahead_s": 3600.0, "headroom": 0.03},
+    "q0.5-slow-return": {"forecast_quantile": 0.5, "burst_down_window_s": 900.0, "lookahead_s": 3600.0,
+                         "headroom": 0.03},
+    "q0.5-45min": {"forecast_quantile": 0.5, "burst_down_window_s": 300.0, "lookahead_s": 2700.0, "headroom": 0.03},
+    "q0.5-30min": {"forecast_quantile": 0.5, "burst_down_window_s": 300.0, "lookahead_s": 1800.0, "headroom": 0.03},
+    "q0.5-30min-no-headroom": {"forecast_quantile": 0.5, "burst_down_window_s": 300.0, "lookahead_s": 1800.0,
+                               "headroom": 0.0},
 }
 PT = 100.0  # rates are fractions; targets are in percentage points
 

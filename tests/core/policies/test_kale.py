@@ -1,5 +1,7 @@
 """The Kale policy: each stage on its own (tables), then scenarios through ``decide``."""
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -29,7 +31,8 @@ from kale_airflow.core.policies.kale import (
 from kale_airflow.core.throughput import ClusterModel
 from tests.conftest import daily_series
 
-CFG = KaleConfig()
+# 3 % headroom (the default is none) so that every scenario also checks the headroom is applied.
+CFG = KaleConfig(headroom=0.03)
 CLUSTER = ClusterModel(noise_sd=0.0)
 
 
@@ -62,7 +65,7 @@ class ScriptedForecast:
 
 def kale(script, limits=Limits(1, 64), **cfg):
     return KalePolicy(limits, ScriptedForecast(script), KnownCapacity(CLUSTER.capacity_table(limits.upper)),
-                      KaleConfig(**cfg))
+                      KaleConfig(**({"headroom": CFG.headroom} | cfg)))
 
 
 def obs(now, workers, rate=1000.0, backlog=0.0, fresh=0.0, **kw):
@@ -385,8 +388,10 @@ def test_config_validation_names_both_fields():
     ({"burst_down_window_s": 0}, True), ({"burst_down_window_s": -1}, False),
     ({"down_tolerance": 0.0}, True), ({"down_tolerance": 0.99}, True), ({"down_tolerance": 1.0}, False),
     ({"down_tolerance": -0.1}, False),
+    ({"burst_ratio": 1.0}, False), ({"burst_ratio": 1.01}, True), ({"burst_ratio": math.inf}, True),
 ], ids=["lookahead-equal", "drain-zero", "slo-zero", "tiny-positive", "burst-zero", "burst-negative",
-        "tolerance-zero", "tolerance-high", "tolerance-one", "tolerance-negative"])
+        "tolerance-zero", "tolerance-high", "tolerance-one", "tolerance-negative",
+        "burst-ratio-one", "burst-ratio-above-one", "burst-ratio-off"])
 def test_config_bounds_are_exactly_the_documented_ones(fields, ok):
     """Bug class: an off-by-one bound (a valid setting refused at startup, or an invalid one
     accepted: a zero drain time divides by zero in stage 2, a tolerance of 1 never scales down)."""
@@ -436,8 +441,13 @@ DETAILS = {"need": 9, "level": 12}
         (obs(0, 5), False, True, (12, Reason.SCALE_UP_FORECAST)),
         (obs(0, 5), False, False, (5, Reason.HOLD_STABILIZING)),
         (obs(0, 5, fresh=200, ready_workers=5), True, False, (12, Reason.SCALE_UP_SLO_RISK)),
+        (obs(0, 4, backlog=1.0), False, False, (12, Reason.SCALE_UP_FORECAST)),
+        (obs(0, 5, backlog=1e6), False, False, (5, Reason.HOLD_STABILIZING)),
+        (obs(0, 3), False, False, (3, Reason.HOLD_STABILIZING)),
+        (obs(0, 4, backlog=1.0, ready_workers=2), False, False, (4, Reason.HOLD_PENDING)),
     ],
-    ids=["pending-first", "slo-risk-now", "held-window", "not-yet", "all-ready-is-not-pending"],
+    ids=["pending-first", "slo-risk-now", "held-window", "not-yet", "all-ready-is-not-pending",
+         "burst-at-twice-the-count", "below-twice-waits", "no-backlog-is-no-burst", "pending-before-burst"],
 )
 def test_scale_up_decision(o, at_risk, held, expected):
     d = scale_up_decision(o, Sizing(9, 12, at_risk, 1.0, "forecast"), held, CFG, DETAILS)
@@ -817,6 +827,18 @@ def test_a_need_that_waits_says_so_and_a_need_met_holds():
     p = kale(lambda t: 5_000.0)
     n = CLUSTER.workers_for(5_150, 64)
     assert p.decide(obs(0, n, rate=5_000)).reason == Reason.HOLD
+
+
+def test_a_burst_scales_up_at_once_and_says_so():
+    """Bug class: a burst (need at least twice the count while a backlog builds) waiting out
+    the up window like a noisy tick; its message must say why it did not wait."""
+    p = kale(lambda t: 5_000.0)
+    n = CLUSTER.workers_for(5_000, 64)
+    d = p.decide(obs(0, n, rate=30_000, backlog=100_000))
+    assert d.reason == Reason.SCALE_UP_FORECAST and d.workers >= 2 * n
+    assert d.message.startswith(f"burst: need {d.details['need']} >= 2x {n} while a backlog builds")
+    assert kale(lambda t: 5_000.0, burst_ratio=math.inf).decide(obs(0, n, rate=30_000, backlog=100_000)).reason \
+        == Reason.HOLD_STABILIZING
 
 
 def test_a_burst_waits_the_full_window_while_freshness_lags():
