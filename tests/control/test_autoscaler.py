@@ -81,7 +81,7 @@ def test_first_start_begins_at_the_forecast_level_and_is_recorded(home):
     d, obs = auto.poke(NOW)
     assert obs.workers == 0
     assert d.reason is Reason.SCALE_UP_FORECAST and "no training generation is running" in d.message
-    # No bins yet: the documented fallback, 3,500 samples/s plus 20 % and 3 % headroom at 1,000 per worker.
+    # No bins yet: the documented fallback, 3,500 samples/s plus 20 % at 1,000 per worker.
     assert d.details["source"].startswith("fallback") and d.workers == d.details["level"] == 5
     recorded = auto.state.decisions()[-1]
     assert (recorded["workers"], recorded["target"], recorded["reason"]) == (0, 5, "scale_up_forecast")
