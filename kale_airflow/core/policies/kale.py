@@ -26,7 +26,10 @@ Stages (each a small pure function, tested on its own):
    drain that before the oldest sample breaks the SLO (:func:`restart_floor`). A
    scale-up goes at least there; a scale-down stops there, or holds when it cannot go
    below the current count (this halved the lag on the bursty shared traces, with fewer
-   rescales);
+   rescales). And a scale-up while a backlog waits holds when the running count drains
+   that backlog sooner than the restart would (:func:`staying_drains_sooner`): without
+   it, a burst set off a cascade of SLO-risk scale-ups, each restart leaving more backlog
+   than the last, with no training in between;
 6. **clamp** to min/max workers and the partition count.
 
 Workers Pending for lack of capacity (``Observation.ready_workers`` below the count) block
@@ -157,6 +160,24 @@ def sized_for_restart(d: Decision, current: int, floor: int) -> Decision:
         return Decision(floor, d.reason, f"{d.message}; stopping at {floor} to drain what the restart leaves",
                         d.details)
     return d
+
+
+def staying_drains_sooner(obs: Observation, target: int, cfg: KaleConfig,
+                          capacity: Callable[[int], float]) -> tuple[bool, float, float]:
+    """Stage 5, for a scale-up while a backlog waits: ``(hold, stay_s, move_s)``, the seconds
+    the running count needs to drain the backlog against those of the restart to ``target``
+    (the downtime, then the backlog plus a downtime of arrivals at the new spare capacity).
+    Hold when staying is no slower. Never holds with an unknown arrival rate or a count that
+    cannot keep up. ``capacity`` maps a worker count to samples/s."""
+    backlog, rate = obs.backlog or 0.0, obs.arrival_rate
+    spare = capacity(obs.workers) - (rate or 0.0)
+    if not backlog or rate is None or spare <= 0:
+        return False, math.inf, 0.0
+    spare_after = capacity(target) - rate
+    move_s = (cfg.rescale_downtime_s + (backlog + rate * cfg.rescale_downtime_s) / spare_after
+              if spare_after > 0 else math.inf)
+    stay_s = backlog / spare
+    return stay_s <= move_s, stay_s, move_s
 
 
 def slo_at_risk(freshness_lag_s: float | None, cfg: KaleConfig) -> bool:
@@ -653,6 +674,11 @@ class KalePolicy:
             return self.limits.upper
         return workers_for_rate(table, rate)
 
+    def _capacity_of(self, workers: int) -> float:
+        """Samples/s that ``workers`` sustain by the capacity table (0 before any fit)."""
+        table = self.capacity.table
+        return 0.0 if table is None else float(table[min(workers, len(table) - 1)])
+
     def _clamped_workers_for(self, rate: float) -> int:
         """Workers for ``rate`` samples/s, clamped to the limits (stage 6)."""
         return self.limits.clamp(self._workers_for(rate))
@@ -704,10 +730,22 @@ class KalePolicy:
             floor = restart_floor(obs, cfg, self._clamped_workers_for)
             raised = d.workers > current and floor > d.workers
             d = sized_for_restart(d, current, floor)
+            if d.workers > current:
+                d = self._unless_staying_drains_sooner(obs, d)
             if d.workers != current:
                 # A count set by SLO risk, or raised by the floor, is sized for a backlog: it returns fast.
                 self._to_drain = raised or d.reason == Reason.SCALE_UP_SLO_RISK
         return d
+
+    def _unless_staying_drains_sooner(self, obs: Observation, d: Decision) -> Decision:
+        """Stage 5 for a scale-up: hold when the running count drains the backlog no slower
+        than the restart to ``d.workers`` would (:func:`staying_drains_sooner`)."""
+        hold, stay_s, move_s = staying_drains_sooner(obs, d.workers, self.config, self._capacity_of)
+        if not hold:
+            return d
+        return Decision(obs.workers, Reason.HOLD_NOT_WORTH_DOWNTIME,
+                        f"{d.message}, but {obs.workers} workers drain the backlog in {duration(stay_s)}, no slower "  # pragma: no mutate
+                        f"than the restart to {d.workers} ({duration(move_s)}): holding at {obs.workers}", d.details)  # pragma: no mutate
 
     def first_start(self, obs: Observation) -> Decision:
         """Decision when no training generation runs (``obs.workers == 0``).

@@ -23,6 +23,7 @@ from kale_airflow.core.policies.kale import (
     restart_floor,
     scale_down_decision,
     scale_down_worth_it,
+    staying_drains_sooner,
     scale_up_decision,
     size_workers,
     sized_for_restart,
@@ -681,6 +682,39 @@ def by_thousands(rate):
 def test_restart_floor_drains_the_backlog_plus_a_downtime_of_arrivals_before_the_slo(rate, backlog, fresh, expected):
     """Bugs: forgetting the arrivals of the downtime, the backlog, or the time already used."""
     assert restart_floor(obs(0, 10, rate=rate, backlog=backlog, fresh=fresh), CFG, by_thousands) == expected
+
+
+@pytest.mark.parametrize(
+    "o, target, expected",
+    [(obs(0, 10, rate=5_000, backlog=100_000), 20, (True, 20.0, 90 + 550_000 / 15_000)),
+     (obs(0, 10, rate=5_000, backlog=900_000), 20, (True, 180.0, 180.0)),    # equal: staying is no slower
+     (obs(0, 10, rate=5_000, backlog=900_001), 20, (False, 900_001 / 5_000, 90 + 1_350_001 / 15_000)),
+     (obs(0, 10, rate=9_000, backlog=3_000_000), 40, (False, 3_000.0, 90 + 3_810_000 / 31_000)),
+     (obs(0, 10, rate=10_000, backlog=1e6), 20, (False, math.inf, 0.0)),      # the count cannot keep up
+     (obs(0, 10, rate=5_000), 20, (False, math.inf, 0.0)),                    # no backlog
+     (Observation(0, 10, None, 1e5, 30.0), 20, (False, math.inf, 0.0))],      # arrival rate unknown
+    ids=["stay-drains-sooner", "equal-holds", "just-slower", "restart-drains-sooner", "cannot-keep-up",
+         "no-backlog", "rate-missing"],
+)
+def test_staying_drains_sooner_compares_the_drain_with_the_restart(o, target, expected):
+    """Bugs: the restart's downtime or its arrivals forgotten, the spare capacity taken as the
+    whole capacity, ties rescaling, a count that falls behind kept, or missing data trusted."""
+    hold, stay_s, move_s = staying_drains_sooner(o, target, CFG, lambda n: 1_000.0 * n)
+    assert (hold, stay_s, move_s) == (expected[0], pytest.approx(expected[1]), pytest.approx(expected[2]))
+
+
+def test_after_a_restart_kale_drains_the_backlog_instead_of_restarting_again():
+    """Bug class: the cascade on the NASA trace: each SLO-risk scale-up restarted a count that
+    would have drained the backlog in time, leaving more backlog, with no training in between."""
+    p = kale(lambda t: 5_000.0)
+    n = CLUSTER.workers_for(10_000, 64)
+    d = p.decide(obs(0, n, rate=5_000, backlog=500_000, fresh=200))
+    assert (d.workers, d.reason) == (n, Reason.HOLD_NOT_WORTH_DOWNTIME)
+    stay = 500_000 / (CLUSTER.capacity(n) - 5_000)
+    assert f"{n} workers drain the backlog in {stay:.0f} s, no slower than the restart to" in d.message
+    assert d.message.startswith("freshness lag 200s > 150s")
+    # A count that falls behind still scales up at once.
+    assert p.decide(obs(15, n, rate=12_000, backlog=500_000, fresh=200)).reason == Reason.SCALE_UP_SLO_RISK
 
 
 def test_restart_floor_with_missing_metrics_counts_nothing_unknown():
