@@ -53,9 +53,23 @@ KALE_CANDIDATES = {
                          "headroom": 0.03},
     "q0.5-45min": {"forecast_quantile": 0.5, "burst_down_window_s": 300.0, "lookahead_s": 2700.0, "headroom": 0.03},
     "q0.5-30min": {"forecast_quantile": 0.5, "burst_down_window_s": 300.0, "lookahead_s": 1800.0, "headroom": 0.03},
-    "q0.5-30min-no-headroom": {"forecast_quantile": 0.5, "burst_down_window_s": 300.0, "lookahead_s": 1800.0,
-                               "headroom": 0.0},
 }
+# The 30-minute median without headroom, and variations of its stabilization: the burst
+# exception's ratio, the down window, the fast-return window, the downtime cost factor.
+_BASE = {"forecast_quantile": 0.5, "burst_down_window_s": 300.0, "lookahead_s": 1800.0, "headroom": 0.0,
+         "down_window_s": 900.0, "downtime_cost_factor": 2.0, "burst_ratio": 2.0}
+KALE_CANDIDATES |= {name: _BASE | change for name, change in {
+    "q0.5-30min-no-headroom": {},
+    "burst-ratio-1.5": {"burst_ratio": 1.5},
+    "burst-ratio-3": {"burst_ratio": 3.0},
+    "return-3min": {"burst_down_window_s": 180.0},
+    "down-12min": {"down_window_s": 720.0},
+    "cost-3": {"downtime_cost_factor": 3.0},
+    "cost-3-return-3min": {"downtime_cost_factor": 3.0, "burst_down_window_s": 180.0},
+    "cost-3-down-12min": {"downtime_cost_factor": 3.0, "down_window_s": 720.0},
+    "cost-3-return-3min-down-12min": {"downtime_cost_factor": 3.0, "burst_down_window_s": 180.0, "down_window_s": 720.0},
+    "cost-4-return-3min-down-12min": {"downtime_cost_factor": 4.0, "burst_down_window_s": 180.0, "down_window_s": 720.0},
+}.items()}
 PT = 100.0  # rates are fractions; targets are in percentage points
 
 

@@ -73,10 +73,10 @@ class KaleConfig:
     slo_risk_fraction: float = 0.5
     up_window_s: float = 60.0
     burst_ratio: float = 2.0
-    down_window_s: float = 900.0
-    burst_down_window_s: float = 300.0
+    down_window_s: float = 720.0  # chosen on the first halves of the shared traces (benchmarks/engine.py)
+    burst_down_window_s: float = 180.0  # chosen on the first halves of the shared traces (benchmarks/engine.py)
     down_tolerance: float = 0.10
-    downtime_cost_factor: float = 2.0
+    downtime_cost_factor: float = 3.0  # chosen on the first halves of the shared traces (benchmarks/engine.py)
     fallback_margin: float = 0.20
     recent_window_s: float = 300.0
     interval_s: float = 15.0
