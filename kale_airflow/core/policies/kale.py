@@ -72,7 +72,7 @@ class KaleConfig:
     min_drain_s: float = 60.0
     slo_risk_fraction: float = 0.5
     up_window_s: float = 60.0
-    burst_ratio: float = 2.0
+    burst_ratio: float = 2.0  # chosen on the first halves of the shared traces (benchmarks/engine.py)
     down_window_s: float = 720.0  # chosen on the first halves of the shared traces (benchmarks/engine.py)
     burst_down_window_s: float = 180.0  # chosen on the first halves of the shared traces (benchmarks/engine.py)
     down_tolerance: float = 0.10
