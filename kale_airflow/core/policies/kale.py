@@ -169,9 +169,9 @@ def staying_drains_sooner(obs: Observation, target: int, cfg: KaleConfig,
     (the downtime, then the backlog plus a downtime of arrivals at the new spare capacity).
     Hold when staying is no slower. Never holds with an unknown arrival rate or a count that
     cannot keep up. ``capacity`` maps a worker count to samples/s."""
-    backlog, rate = obs.backlog or 0.0, obs.arrival_rate
-    spare = capacity(obs.workers) - (rate or 0.0)
-    if not backlog or rate is None or spare <= 0:
+    backlog, rate = obs.backlog, obs.arrival_rate
+    spare = None if rate is None else capacity(obs.workers) - rate
+    if not backlog or spare is None or spare <= 0:
         return False, math.inf, 0.0
     spare_after = capacity(target) - rate
     move_s = (cfg.rescale_downtime_s + (backlog + rate * cfg.rescale_downtime_s) / spare_after
@@ -674,10 +674,11 @@ class KalePolicy:
             return self.limits.upper
         return workers_for_rate(table, rate)
 
-    def _capacity_of(self, workers: int) -> float:
-        """Samples/s that ``workers`` sustain by the capacity table (0 before any fit)."""
+    def capacity_of(self, workers: int) -> float:
+        """Samples/s that ``workers`` sustain by the capacity table; counts past its end (the
+        peak it was cut at) sustain its last entry. Only once the table exists."""
         table = self.capacity.table
-        return 0.0 if table is None else float(table[min(workers, len(table) - 1)])
+        return float(table[min(workers, len(table) - 1)])
 
     def _clamped_workers_for(self, rate: float) -> int:
         """Workers for ``rate`` samples/s, clamped to the limits (stage 6)."""
@@ -740,7 +741,9 @@ class KalePolicy:
     def _unless_staying_drains_sooner(self, obs: Observation, d: Decision) -> Decision:
         """Stage 5 for a scale-up: hold when the running count drains the backlog no slower
         than the restart to ``d.workers`` would (:func:`staying_drains_sooner`)."""
-        hold, stay_s, move_s = staying_drains_sooner(obs, d.workers, self.config, self._capacity_of)
+        if self.capacity.table is None:  # nothing fitted yet: no way to tell
+            return d
+        hold, stay_s, move_s = staying_drains_sooner(obs, d.workers, self.config, self.capacity_of)
         if not hold:
             return d
         return Decision(obs.workers, Reason.HOLD_NOT_WORTH_DOWNTIME,

@@ -18,6 +18,7 @@ from kale_airflow.core.policies.kale import (
     WindowMax,
     drain_rate,
     held_for,
+    is_burst,
     planned_downtime,
     required_rate,
     restart_floor,
@@ -695,9 +696,15 @@ def test_restart_floor_drains_the_backlog_plus_a_downtime_of_arrivals_before_the
      (obs(0, 10, rate=9_000, backlog=3_000_000), 40, (False, 3_000.0, 90 + 3_810_000 / 31_000)),
      (obs(0, 10, rate=10_000, backlog=1e6), 20, (False, math.inf, 0.0)),      # the count cannot keep up
      (obs(0, 10, rate=5_000), 20, (False, math.inf, 0.0)),                    # no backlog
-     (Observation(0, 10, None, 1e5, 30.0), 20, (False, math.inf, 0.0))],      # arrival rate unknown
+     (Observation(0, 10, None, 1e5, 30.0), 20, (False, math.inf, 0.0)),       # arrival rate unknown
+     (obs(0, 10, rate=0.0, backlog=1e5), 20, (True, 10.0, 95.0)),             # idle: all capacity drains
+     (obs(0, 10, rate=9_999.5, backlog=1.0), 20, (True, 2.0, 90 + (1 + 9_999.5 * 90) / 10_000.5)),
+     (obs(0, 10, rate=5_000, backlog=1e5), 4, (True, 20.0, math.inf)),        # the new count falls behind
+     (obs(0, 10, rate=5_000, backlog=1e5), 5, (True, 20.0, math.inf)),        # ... or only keeps up
+     (obs(0, 10, rate=4_999.5, backlog=1e5), 5, (True, 1e5 / 5_000.5, 90 + (1e5 + 4_999.5 * 90) / 0.5))],
     ids=["stay-drains-sooner", "equal-holds", "just-slower", "restart-drains-sooner", "cannot-keep-up",
-         "no-backlog", "rate-missing"],
+         "no-backlog", "rate-missing", "idle", "barely-keeps-up", "restart-falls-behind", "restart-only-keeps-up",
+         "restart-barely-keeps-up"],
 )
 def test_staying_drains_sooner_compares_the_drain_with_the_restart(o, target, expected):
     """Bugs: the restart's downtime or its arrivals forgotten, the spare capacity taken as the
@@ -718,6 +725,44 @@ def test_after_a_restart_kale_drains_the_backlog_instead_of_restarting_again():
     assert d.message.startswith("freshness lag 200s > 150s")
     # A count that falls behind still scales up at once.
     assert p.decide(obs(15, n, rate=12_000, backlog=500_000, fresh=200)).reason == Reason.SCALE_UP_SLO_RISK
+
+
+@pytest.mark.parametrize("need, workers, backlog, burst", [
+    (8, 4, 1.0, True), (7, 4, 1.0, False), (8, 4, 0.0, False), (8, 4, None, False), (64, 32, 5e5, True)],
+    ids=["twice", "just-below", "no-backlog", "backlog-missing", "large"])
+def test_a_burst_is_a_need_of_twice_the_count_with_a_backlog(need, workers, backlog, burst):
+    """Bugs: the ratio's edge excluded, a burst without a backlog (a forecast rise is not one)."""
+    assert is_burst(obs(0, workers, backlog=backlog), need, CFG) is burst
+
+
+class NotFitted:
+    """A capacity source with no table yet (a test input: the throughput model before any fit)."""
+
+    table = None
+
+    def observe(self, now_s, workers, rate):
+        pass
+
+
+def test_before_any_capacity_fit_a_scale_up_with_a_backlog_is_not_held():
+    """Bug: judging the drain with no capacity table (a crash, or a hold on made-up capacity)."""
+    p = KalePolicy(Limits(1, 16), ScriptedForecast(lambda t: 0.5), NotFitted(), CFG)
+    d = p.decide(obs(0, 4, rate=0.5, backlog=1_000.0, fresh=200))
+    assert (d.workers, d.reason) == (16, Reason.SCALE_UP_SLO_RISK)
+
+
+def test_capacity_of_a_count_past_the_table_is_its_last_entry():
+    table = CLUSTER.capacity_table(8)
+    p = KalePolicy(Limits(1, 64), ScriptedForecast(lambda t: 0.0), KnownCapacity(table), CFG)
+    assert [p.capacity_of(n) for n in (3, 8, 9, 20)] == [table[3], table[8], table[8], table[8]]
+
+
+def test_a_held_scale_down_with_a_backlog_keeps_its_own_reason():
+    """Bug: the drain check run on a scale-down the restart floor already held."""
+    p = kale(lambda t: 5_000.0, down_window_s=300)
+    n = CLUSTER.workers_for(5_000 + 5_000 * 90 / 210, 64) + 1
+    d = [p.decide(obs(t, n, rate=5_000, backlog=50_000.0, fresh=10.0)) for t in range(0, 900, 15)][-1]
+    assert d.reason == Reason.HOLD_NOT_WORTH_DOWNTIME and d.message.endswith(f"the SLO: holding at {n}")
 
 
 def test_restart_floor_with_missing_metrics_counts_nothing_unknown():
