@@ -45,20 +45,19 @@ GRID = tuple(n for names in BASELINE_GRID.values() for n in names)
 POLICIES = ("kale", "oracle", "static") + GRID
 # Misspecified clusters: the baselines the targets name (HPA, Autopilot), not KEDA.
 CLUSTER_POLICIES = ("kale", "oracle", "static") + BASELINE_GRID["hpa"] + BASELINE_GRID["autopilot"]
-# Kale's global parameters, chosen on the first halves only (see choose()).
-KALE_CANDIDATES = {
-    "q0.8": {"forecast_quantile": 0.8, "burst_down_window_s": 300.0, "lookahead_s": 3600.0, "headroom": 0.03},
-    "q0.5": {"forecast_quantile": 0.5, "burst_down_window_s": 300.0, "lookahead_s": 3600.0, "headroom": 0.03},
-    "q0.5-slow-return": {"forecast_quantile": 0.5, "burst_down_window_s": 900.0, "lookahead_s": 3600.0,
-                         "headroom": 0.03},
-    "q0.5-45min": {"forecast_quantile": 0.5, "burst_down_window_s": 300.0, "lookahead_s": 2700.0, "headroom": 0.03},
-    "q0.5-30min": {"forecast_quantile": 0.5, "burst_down_window_s": 300.0, "lookahead_s": 1800.0, "headroom": 0.03},
-}
-# The 30-minute median without headroom, and variations of its stabilization: the burst
-# exception's ratio, the down window, the fast-return window, the downtime cost factor.
+# Kale's global parameters, chosen on the first halves only (see choose()). Each candidate
+# pins every parameter any candidate varies, so its runs do not move with KaleConfig's
+# defaults (which are set to the chosen one).
 _BASE = {"forecast_quantile": 0.5, "burst_down_window_s": 300.0, "lookahead_s": 1800.0, "headroom": 0.0,
          "down_window_s": 900.0, "downtime_cost_factor": 2.0, "burst_ratio": 2.0}
-KALE_CANDIDATES |= {name: _BASE | change for name, change in {
+KALE_CANDIDATES = {name: _BASE | change for name, change in {
+    "q0.8": {"forecast_quantile": 0.8, "lookahead_s": 3600.0, "headroom": 0.03},
+    "q0.5": {"lookahead_s": 3600.0, "headroom": 0.03},
+    "q0.5-slow-return": {"burst_down_window_s": 900.0, "lookahead_s": 3600.0, "headroom": 0.03},
+    "q0.5-45min": {"lookahead_s": 2700.0, "headroom": 0.03},
+    "q0.5-30min": {"headroom": 0.03},
+    # The 30-minute median without headroom, and variations of its stabilization: the burst
+    # exception's ratio, the down window, the fast-return window, the downtime cost factor.
     "q0.5-30min-no-headroom": {},
     "burst-ratio-1.5": {"burst_ratio": 1.5},
     "burst-ratio-3": {"burst_ratio": 3.0},
