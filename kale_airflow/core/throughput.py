@@ -284,8 +284,11 @@ def peak_cut(mean_table, observed: dict | None = None, drop: float = 0.005,
     (index = workers), or earlier the first count whose marginal gain falls below
     ``min_gain`` of the one-worker throughput (extra workers there buy nothing); with
     ``observed`` (per worker count, the mean measured samples/s or ``(mean, standard
-    error)``) also the best measured count when a larger measured count did worse by more
-    than ``drop`` and two standard errors (the curve falls there, whatever the fit says)."""
+    error)``) also what was measured, whatever the fit says: the best measured count when
+    a larger measured count did worse by more than ``drop`` and two standard errors (the
+    curve falls there), and the smallest measured count that a larger one beat by less
+    than ``min_gain`` per extra worker with 95 % confidence (the curve is flat there: a
+    hard ceiling, which a smooth fit bends through)."""
     t = np.asarray(mean_table, dtype=float)
     if t.size <= 2:
         return max(t.size - 1, 1)
@@ -306,7 +309,20 @@ def peak_cut(mean_table, observed: dict | None = None, drop: float = 0.005,
             margin = np.maximum(means[best] * drop, 2 * np.sqrt(ses[best] ** 2 + ses ** 2))
             if (means[best + 1:] < means[best] - margin[best + 1:]).any():
                 cut = min(cut, counts[best])
+            cut = min(cut, plateau_start(np.asarray(counts), means, ses, min_gain * body[0]) or cut)
     return cut
+
+
+def plateau_start(counts: np.ndarray, means: np.ndarray, ses: np.ndarray, per_worker: float) -> int | None:
+    """The smallest measured count ``counts[i]`` that some larger measured count beat by
+    less than ``per_worker`` samples/s per extra worker, at the upper 95 % bound of the
+    difference (two standard errors); None when every larger count paid for itself."""
+    diff = means[None, :] - means[:, None]  # [i, j]: mean of counts[j] minus that of counts[i]
+    upper = diff + 2 * np.sqrt(ses[:, None] ** 2 + ses[None, :] ** 2)
+    larger = counts[None, :] > counts[:, None]
+    flat = larger & (upper < per_worker * (counts[None, :] - counts[:, None]))
+    rows = np.flatnonzero(flat.any(axis=1))
+    return int(counts[rows[0]]) if rows.size else None
 
 
 def guarded(capacity_table, cut: int | None = None) -> list[float]:

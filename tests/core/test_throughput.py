@@ -8,6 +8,7 @@ from kale_airflow.core.throughput import (
     guarded,
     monotone,
     peak_cut,
+    plateau_start,
     workers_for_rate,
 )
 
@@ -124,6 +125,36 @@ def test_peak_cut_stops_at_the_fitted_peak_and_at_a_measured_fall():
     assert peak_cut(ClusterModel(kind="saturating").capacity_table(64)) <= 39
 
 
+def test_peak_cut_stops_where_measured_counts_stop_paying_for_themselves():
+    # The fitted (Amdahl) curve keeps rising to 64, but measurements say the cluster is flat
+    # from 39 on (a hard ceiling the smooth fit bends through): the cut is the plateau's start.
+    fit = ClusterModel().capacity_table(64)
+    sat = ClusterModel(kind="saturating")
+    flat = {n: (float(sat.capacity(n)), 50.0) for n in (16, 31, 39, 48, 58)}
+    assert peak_cut(fit, flat) == 39
+    # Counts that each add well over 2 % of a worker are no plateau.
+    rising = {n: (float(fit[n]), 50.0) for n in (16, 32, 48, 64)}
+    assert peak_cut(fit, rising) == 64
+    # Too few measurements to tell a flat curve from a rising one: no cut.
+    uncertain = {n: (mean, 2_000.0) for n, (mean, _) in flat.items()}
+    assert peak_cut(fit, uncertain) == 64
+
+
+def test_plateau_start_compares_the_upper_bound_of_each_gain_with_the_threshold():
+    counts, ses = np.array([10, 20, 30]), np.zeros(3)
+    # 20 -> 30 gains 99 per worker, under the threshold of 100: 20 is where it flattens.
+    assert plateau_start(counts, np.array([0.0, 2_000.0, 2_990.0]), ses, 100.0) == 20
+    # Exactly the threshold is still worth it; so is any count before a flat one.
+    assert plateau_start(counts, np.array([0.0, 2_000.0, 3_000.0]), ses, 100.0) is None
+    # Two standard errors of the difference count against flatness: 10 -> 20 gains 0, at
+    # most 2 * 70.7 = 141.4 over 10 workers, so flat only for a threshold above 14.14.
+    same, se = np.array([1_000.0, 1_000.0]), np.array([50.0, 50.0])
+    assert plateau_start(counts[:2], same, se, 14.1) is None
+    assert plateau_start(counts[:2], same, se, 14.2) == 10
+    # A measured fall is flat too (a larger count that did worse).
+    assert plateau_start(counts[:2], np.array([1_000.0, 900.0]), np.zeros(2), 1.0) == 10
+
+
 def test_guarded_table_never_sizes_into_the_falling_region():
     comm = ClusterModel(kind="comm")
     table = guarded(comm.capacity_table(64))
@@ -142,3 +173,16 @@ def test_an_online_model_profiled_on_1_to_16_never_scales_past_a_comm_peak():
         for i in range(8):
             src.observe(1e5 * k + i, n, float(comm.capacity(n)))
     assert workers_for_rate(src.table, 1e9) <= 48
+
+
+def test_an_online_model_profiled_on_1_to_16_learns_a_saturating_ceiling():
+    from kale_airflow.core.policies.kale import OnlineThroughput
+
+    sat = ClusterModel(kind="saturating")
+    src = OnlineThroughput(*noisy_obs(sat, [1, 2, 4, 8, 16], sd=0.05), max_workers=64)
+    assert workers_for_rate(src.table, 1e9) == 64  # the fit alone extrapolates past the ceiling
+    rng = np.random.default_rng(1)
+    for k, n in enumerate([24, 31, 39, 48, 58]):
+        for i in range(60):
+            src.observe(1e6 * k + 600 * i, n, float(sat.capacity(n)) * (1 + 0.03 * rng.standard_normal()))
+    assert 38 <= workers_for_rate(src.table, 1e9) <= 40  # the true ceiling is reached at 39
