@@ -3,9 +3,10 @@
 Stages (each a small pure function, tested on its own):
 
 1. **required capacity** - the forecast's quantile, maximised over a look-ahead that
-   covers the rescale latency (``lookahead_s``, 30 min), never below the recently
-   observed rate, plus ``headroom`` (0 by default: the restart floor of stage 5 drains
-   what a restart leaves);
+   covers the rescale latency (``lookahead_s``, 30 min), never below the peak rate of the
+   last ``recent_window_s`` (30 min: traffic the forecast missed in the last half hour
+   may come back in the next), plus ``headroom`` (0 by default: the restart floor of
+   stage 5 drains what a restart leaves);
    inverted through the conservative throughput model to workers. Two levels:
    ``need`` over ``lookahead_s`` and ``level`` over ``2 * lookahead_s``. A scale-up goes
    to ``level``, so the next one is at least a look-ahead away;
@@ -76,9 +77,9 @@ class KaleConfig:
     down_window_s: float = 720.0  # chosen on the first halves of the shared traces (benchmarks/engine.py)
     burst_down_window_s: float = 180.0  # chosen on the first halves of the shared traces (benchmarks/engine.py)
     down_tolerance: float = 0.10
-    downtime_cost_factor: float = 3.0  # chosen on the first halves of the shared traces (benchmarks/engine.py)
+    downtime_cost_factor: float = 4.0  # chosen on the first halves of the shared traces (benchmarks/engine.py)
     fallback_margin: float = 0.20
-    recent_window_s: float = 300.0
+    recent_window_s: float = 1800.0  # chosen on the first halves of the shared traces (benchmarks/engine.py)
     interval_s: float = 15.0
 
     def __post_init__(self) -> None:

@@ -35,8 +35,10 @@ from tests.conftest import daily_series
 
 # The stage arithmetic below is written for these settings, not the defaults (which the
 # engine benchmark chooses): 3 % headroom (default none), so that every scenario also checks
-# that the headroom is applied; 15- and 5-minute down windows; downtime cost factor 2.
-PINNED = {"headroom": 0.03, "down_window_s": 900.0, "burst_down_window_s": 300.0, "downtime_cost_factor": 2.0}
+# that the headroom is applied; 15- and 5-minute down windows; downtime cost factor 2; the
+# peak of the last 5 minutes as the recent floor.
+PINNED = {"headroom": 0.03, "down_window_s": 900.0, "burst_down_window_s": 300.0, "downtime_cost_factor": 2.0,
+          "recent_window_s": 300.0}
 CFG = KaleConfig(**PINNED)
 CLUSTER = ClusterModel(noise_sd=0.0)
 
