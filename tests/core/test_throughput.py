@@ -142,9 +142,10 @@ def test_peak_cut_stops_where_measured_counts_stop_paying_for_themselves():
 
 def test_plateau_start_compares_the_upper_bound_of_each_gain_with_the_threshold():
     counts, ses = np.array([10, 20, 30]), np.zeros(3)
-    # 20 -> 30 gains 99 per worker, under the threshold of 100: 20 is where it flattens.
+    # 20 -> 30 gains 99 per worker, under the threshold of 100: 20 is where it flattens
+    # (10 -> 30 still gains 149.5 per worker, so 10 is not).
     assert plateau_start(counts, np.array([0.0, 2_000.0, 2_990.0]), ses, 100.0) == 20
-    # Exactly the threshold is still worth it; so is any count before a flat one.
+    # Exactly the threshold is still worth it.
     assert plateau_start(counts, np.array([0.0, 2_000.0, 3_000.0]), ses, 100.0) is None
     # Two standard errors of the difference count against flatness: 10 -> 20 gains 0, at
     # most 2 * 70.7 = 141.4 over 10 workers, so flat only for a threshold above 14.14.
