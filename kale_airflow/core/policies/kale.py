@@ -63,23 +63,26 @@ from kale_airflow.core.throughput import ThroughputModel, ThroughputModelError, 
 
 @dataclass(frozen=True)
 class KaleConfig:
-    """Kale policy settings (none is tuned per trace)."""
+    """Kale policy settings (none is tuned per trace). ``lookahead_s``,
+    ``forecast_quantile``, ``headroom``, ``burst_ratio``, ``down_window_s``,
+    ``burst_down_window_s``, ``downtime_cost_factor`` and ``recent_window_s`` were chosen
+    on the first halves of the shared traces, on every cluster (``benchmarks/engine.py``)."""
 
     slo_s: float = 300.0
     rescale_downtime_s: float = 90.0
-    lookahead_s: float = 1800.0  # chosen on the first halves of the shared traces (benchmarks/engine.py)
-    forecast_quantile: float = 0.5  # chosen on the first halves of the shared traces (benchmarks/engine.py)
-    headroom: float = 0.0  # chosen on the first halves of the shared traces (benchmarks/engine.py)
+    lookahead_s: float = 1800.0
+    forecast_quantile: float = 0.5
+    headroom: float = 0.0
     min_drain_s: float = 60.0
     slo_risk_fraction: float = 0.5
     up_window_s: float = 60.0
-    burst_ratio: float = 2.0  # chosen on the first halves of the shared traces (benchmarks/engine.py)
-    down_window_s: float = 720.0  # chosen on the first halves of the shared traces (benchmarks/engine.py)
-    burst_down_window_s: float = 180.0  # chosen on the first halves of the shared traces (benchmarks/engine.py)
+    burst_ratio: float = 2.0
+    down_window_s: float = 720.0
+    burst_down_window_s: float = 180.0
     down_tolerance: float = 0.10
-    downtime_cost_factor: float = 4.0  # chosen on the first halves of the shared traces (benchmarks/engine.py)
+    downtime_cost_factor: float = 4.0
     fallback_margin: float = 0.20
-    recent_window_s: float = 1800.0  # chosen on the first halves of the shared traces (benchmarks/engine.py)
+    recent_window_s: float = 1800.0
     interval_s: float = 15.0
 
     def __post_init__(self) -> None:
