@@ -49,26 +49,27 @@ CLUSTER_BASELINES = BASELINE_GRID["hpa"] + BASELINE_GRID["autopilot"]
 # Kale's global parameters, chosen on the first halves only (see choose()), on every
 # cluster: the targets hold there too. Each candidate pins every parameter any candidate
 # varies, so its runs do not move with KaleConfig's defaults (which are set to the chosen
-# one). This round varies how long the recent peak floors the required rate (stage 1)
-# and the stabilization around the last round's choice (the median over 30 minutes, no
-# headroom, a 12-minute down window, a 3-minute return, downtime cost factor 3); earlier
-# rounds' candidates are in the git history of benchmarks/results/engine.json.
+# one). This round shortens the look-ahead (stage 1: scale-ups to the peak of the next
+# 40 minutes rather than the next hour) and the recent-peak floor, around the last
+# round's choice (30-minute look-ahead, 30-minute recent floor, cost factor 4, the median
+# forecast, no headroom, a 12-minute down window, a 3-minute return). The scale-down
+# check weighs GPU time saved over the look-ahead against the downtime cost, so a shorter
+# look-ahead alone makes scale-downs rarer; "same economics" candidates scale the cost
+# factor with it (4 x 20/30, 4 x 15/30). Earlier rounds' candidates are in the git
+# history of benchmarks/results/engine.json.
 _BASE = {"forecast_quantile": 0.5, "lookahead_s": 1800.0, "headroom": 0.0, "burst_ratio": 2.0,
-         "down_window_s": 720.0, "burst_down_window_s": 180.0, "downtime_cost_factor": 3.0, "recent_window_s": 300.0}
+         "down_window_s": 720.0, "burst_down_window_s": 180.0, "downtime_cost_factor": 4.0, "recent_window_s": 1800.0}
+_LA20 = {"lookahead_s": 1200.0, "downtime_cost_factor": 4.0 * 20 / 30}
+_LA15 = {"lookahead_s": 900.0, "downtime_cost_factor": 4.0 * 15 / 30}
 KALE_CANDIDATES = {name: _BASE | change for name, change in {
-    "recent-5min": {},
-    "recent-15min": {"recent_window_s": 900.0},
-    "recent-20min": {"recent_window_s": 1200.0},
-    "recent-30min": {"recent_window_s": 1800.0},
-    "recent-45min": {"recent_window_s": 2700.0},
-    "recent-30min-cost-4": {"recent_window_s": 1800.0, "downtime_cost_factor": 4.0},
-    # Added after the first run of this round, whose choice (the one above) missed FB's
-    # GPU-hours over the offline optimum on reported rows: shorter down windows and a
-    # 2-minute return with the 30-minute floor.
-    "recent-30min-cost-4-down-10min": {"recent_window_s": 1800.0, "downtime_cost_factor": 4.0, "down_window_s": 600.0},
-    "recent-30min-cost-4-down-10min-return-2min": {"recent_window_s": 1800.0, "downtime_cost_factor": 4.0,
-                                                   "down_window_s": 600.0, "burst_down_window_s": 120.0},
-    "recent-30min-cost-5-down-10min": {"recent_window_s": 1800.0, "downtime_cost_factor": 5.0, "down_window_s": 600.0},
+    "round-3-choice": {},
+    "lookahead-20min": {"lookahead_s": 1200.0},
+    "lookahead-20min-same-economics": _LA20,
+    "lookahead-20min-same-economics-recent-20min": _LA20 | {"recent_window_s": 1200.0},
+    "lookahead-20min-same-economics-recent-15min": _LA20 | {"recent_window_s": 900.0},
+    "lookahead-20min-cost-3-recent-15min": {"lookahead_s": 1200.0, "downtime_cost_factor": 3.0, "recent_window_s": 900.0},
+    "lookahead-15min-same-economics-recent-15min": _LA15 | {"recent_window_s": 900.0},
+    "lookahead-15min-same-economics-recent-20min": _LA15 | {"recent_window_s": 1200.0},
 }.items()}
 CLUSTERS = ("amdahl", "saturating", "comm")
 PT = 100.0  # rates are fractions; targets are in percentage points
