@@ -1,10 +1,11 @@
 """Mutation testing of the modules where a bug loses data or money (``make mutation``).
 
 Runs mutmut (configured in pyproject.toml ``[tool.mutmut]``: the Kale policy's stages, the
-rebalancer and the offset handover, the worker's commit/checkpoint/restore path, the
-registry's comparison and promotion, the Kale page's auth) from scratch with the fast tests
-that cover them, within a time budget, then prints per module the mutants killed and
-surviving and writes ``benchmarks/results/mutation.json``:
+throughput model's fit and peak guard, the rebalancer and the offset handover, the
+worker's commit/checkpoint/restore path, the registry's comparison and promotion, the
+Kale page's auth) from scratch with the fast tests that cover them, within a time budget,
+then prints per module the mutants killed and surviving and writes
+``benchmarks/results/mutation.json``:
 ``{"score": S, "modules": {"<path>": {"killed": K, "survived": V, "score": S, ...}},
 "survivors": {"<path>": [{"mutant", "change", "explained"}]}}``.
 

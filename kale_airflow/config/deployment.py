@@ -13,7 +13,7 @@ defaults for the embedded default. The Helm chart renders the same file into a C
     slo_s: 300
     rescale_downtime_s: 90
     poll_interval_s: 15
-    kale: {lookahead_s: 3600, forecast_quantile: 0.8}   # any KaleConfig field (defaults: 1200, 0.5)
+    kale: {lookahead_s: 3600, forecast_quantile: 0.8}   # any KaleConfig field (defaults: 900, 0.5)
     kubernetes: {image: ..., namespace: kale-training, gpus_per_worker: 1}
     worker_device: auto                           # or cpu, cuda; worker_amp: true for bf16 on CUDA
 

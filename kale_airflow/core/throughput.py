@@ -315,13 +315,18 @@ def peak_cut(mean_table, observed: dict | None = None, drop: float = 0.005,
 
 def plateau_start(counts: np.ndarray, means: np.ndarray, ses: np.ndarray, per_worker: float) -> int | None:
     """The smallest measured count ``counts[i]`` that some larger measured count beat by
-    less than ``per_worker`` samples/s per extra worker, at the upper 95 % bound of the
-    difference (two standard errors); None when every larger count paid for itself."""
+    less than ``per_worker`` samples/s per extra worker at the upper 95 % bound of the
+    difference (two standard errors), while no larger measured count beat it by more at the
+    lower bound; None when there is none. The second condition matters on a curve that
+    peaks between measured counts: the far side of the peak can match a count below it,
+    while the counts in between clearly pay for themselves."""
     diff = means[None, :] - means[:, None]  # [i, j]: mean of counts[j] minus that of counts[i]
-    upper = diff + 2 * np.sqrt(ses[:, None] ** 2 + ses[None, :] ** 2)
-    larger = counts[None, :] > counts[:, None]
-    flat = larger & (upper < per_worker * (counts[None, :] - counts[:, None]))
-    rows = np.flatnonzero(flat.any(axis=1))
+    spread = 2 * np.sqrt(ses[:, None] ** 2 + ses[None, :] ** 2)
+    extra = counts[None, :] - counts[:, None]
+    larger = extra > 0
+    flat = larger & (diff + spread < per_worker * extra)
+    pays = larger & (diff - spread >= per_worker * extra)
+    rows = np.flatnonzero(flat.any(axis=1) & ~pays.any(axis=1))
     return int(counts[rows[0]]) if rows.size else None
 
 

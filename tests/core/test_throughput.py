@@ -154,6 +154,14 @@ def test_plateau_start_compares_the_upper_bound_of_each_gain_with_the_threshold(
     assert plateau_start(counts[:2], same, se, 14.2) == 10
     # A measured fall is flat too (a larger count that did worse).
     assert plateau_start(counts[:2], np.array([1_000.0, 900.0]), np.zeros(2), 1.0) == 10
+    # A peak between measured counts: 30 matches 10, but 20 beat 10 by far more than the
+    # threshold, so 10 is no plateau; 20 is (30 did worse).
+    assert plateau_start(counts, np.array([0.0, 2_000.0, 0.0]), ses, 100.0) == 20
+    # "Beat by more" is judged at the lower bound: 10 -> 20 must gain at least 1,000 plus
+    # two standard errors of the difference (141.4) to veto 10.
+    se3 = np.full(3, 50.0)
+    assert plateau_start(counts, np.array([0.0, 1_142.0, 0.0]), se3, 100.0) == 20
+    assert plateau_start(counts, np.array([0.0, 1_141.0, 0.0]), se3, 100.0) == 10
 
 
 def test_guarded_table_never_sizes_into_the_falling_region():
@@ -173,7 +181,9 @@ def test_an_online_model_profiled_on_1_to_16_never_scales_past_a_comm_peak():
     for k, n in enumerate([24, 32, 40, 48, 56, 64]):
         for i in range(8):
             src.observe(1e5 * k + i, n, float(comm.capacity(n)))
-    assert workers_for_rate(src.table, 1e9) <= 48
+    # Up to the peak, not short of it: 56 matches 40, but 48 beat 40 by far more than 2 %
+    # of a worker per extra worker (40 is no plateau).
+    assert workers_for_rate(src.table, 1e9) == 48
 
 
 def test_an_online_model_profiled_on_1_to_16_learns_a_saturating_ceiling():

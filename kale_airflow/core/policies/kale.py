@@ -3,7 +3,7 @@
 Stages (each a small pure function, tested on its own):
 
 1. **required capacity** - the forecast's quantile, maximised over a look-ahead that
-   covers the rescale latency (``lookahead_s``, 20 min), never below the peak rate of the
+   covers the rescale latency (``lookahead_s``, 15 min), never below the peak rate of the
    last ``recent_window_s`` (15 min: traffic the forecast missed in the last quarter hour
    may come back in the next), plus ``headroom`` (0 by default: the restart floor of
    stage 5 drains what a restart leaves);
@@ -70,7 +70,7 @@ class KaleConfig:
 
     slo_s: float = 300.0
     rescale_downtime_s: float = 90.0
-    lookahead_s: float = 1200.0
+    lookahead_s: float = 900.0
     forecast_quantile: float = 0.5
     headroom: float = 0.0
     min_drain_s: float = 60.0
@@ -80,7 +80,7 @@ class KaleConfig:
     down_window_s: float = 720.0
     burst_down_window_s: float = 180.0
     down_tolerance: float = 0.10
-    downtime_cost_factor: float = 8 / 3  # over a 20-min look-ahead: the economics of 4 over 30 min
+    downtime_cost_factor: float = 2.0  # over a 15-min look-ahead: the economics of 4 over 30 min
     fallback_margin: float = 0.20
     recent_window_s: float = 900.0
     interval_s: float = 15.0

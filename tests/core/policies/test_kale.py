@@ -35,10 +35,10 @@ from tests.conftest import daily_series
 
 # The stage arithmetic below is written for these settings, not the defaults (which the
 # engine benchmark chooses): 3 % headroom (default none), so that every scenario also checks
-# that the headroom is applied; 15- and 5-minute down windows; downtime cost factor 2; the
-# peak of the last 5 minutes as the recent floor.
-PINNED = {"headroom": 0.03, "down_window_s": 900.0, "burst_down_window_s": 300.0, "downtime_cost_factor": 2.0,
-          "recent_window_s": 300.0}
+# that the headroom is applied; a 30-minute look-ahead; 15- and 5-minute down windows;
+# downtime cost factor 2; the peak of the last 5 minutes as the recent floor.
+PINNED = {"headroom": 0.03, "lookahead_s": 1800.0, "down_window_s": 900.0, "burst_down_window_s": 300.0,
+          "downtime_cost_factor": 2.0, "recent_window_s": 300.0}
 CFG = KaleConfig(**PINNED)
 CLUSTER = ClusterModel(noise_sd=0.0)
 
@@ -882,8 +882,9 @@ def test_the_planned_downtime_never_exceeds_the_look_ahead():
 
 def test_a_scale_down_worth_it_at_the_configured_pause_is_not_at_the_measured_one():
     """The demo's thrash: 6 -> 4 saves 2 workers x 60 s; a 35 s pause of 6 workers costs more."""
-    configured = KaleConfig(**PINNED, slo_s=60, rescale_downtime_s=8, lookahead_s=60)
-    measured = KaleConfig(**PINNED, slo_s=60, rescale_downtime_s=planned_downtime(8, [35.0], 60), lookahead_s=60)
+    configured = KaleConfig(**(PINNED | {"slo_s": 60, "rescale_downtime_s": 8, "lookahead_s": 60}))
+    measured = KaleConfig(**(PINNED | {"slo_s": 60, "rescale_downtime_s": planned_downtime(8, [35.0], 60),
+                                       "lookahead_s": 60}))
     assert scale_down_worth_it(6, 4, configured)[0]
     assert not scale_down_worth_it(6, 4, measured)[0]
 
