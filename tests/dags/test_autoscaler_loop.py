@@ -47,7 +47,7 @@ while True:  # keeps the file's rate even when a loaded machine delays the loop
 # Seconds stand for hours. The policy plans with the measured rescale pause (decision -> the
 # new workers' first step), which here spans the test's own training DAG run (45-67 s on a
 # loaded 2-core machine, capped at the 10 s look-ahead): at the default downtime_cost_factor
-# of 4 a 6 -> 2 scale-down (40 GPU-s saved) never beats 6 x 10 x 4 = 240 GPU-s of downtime.
+# of 2 a 6 -> 2 scale-down (40 GPU-s saved) never beats 6 x 10 x 2 = 120 GPU-s of downtime.
 # The burst exception (a need of twice the count with a backlog skips the up window) is
 # off: this scenario checks the up window, and a first start at 3 workers would make the
 # jump to 6 a burst.
