@@ -49,9 +49,9 @@ CLUSTER_BASELINES = BASELINE_GRID["hpa"] + BASELINE_GRID["autopilot"]
 # Kale's global parameters, chosen on the first halves only (see choose()), on every
 # cluster: the targets hold there too. Each candidate pins every parameter any candidate
 # varies, so its runs do not move with KaleConfig's defaults (which are set to the chosen
-# one). This round shortens the look-ahead (stage 1: scale-ups to the peak of the next
-# 40 minutes rather than the next hour) and the recent-peak floor, around the last
-# round's choice (30-minute look-ahead, 30-minute recent floor, cost factor 4, the median
+# one). This round shortens the look-ahead (stage 1: scale-ups go to the peak of twice
+# the look-ahead, 30-40 minutes rather than an hour) and the recent-peak floor, around
+# the last round's choice (30-minute look-ahead, 30-minute recent floor, cost factor 4, the median
 # forecast, no headroom, a 12-minute down window, a 3-minute return). The scale-down
 # check weighs GPU time saved over the look-ahead against the downtime cost, so a shorter
 # look-ahead alone makes scale-downs rarer; "same economics" candidates scale the cost
