@@ -38,7 +38,7 @@ import numpy as np
 
 from kale_airflow.core.policies.kale import KaleConfig
 from kale_airflow.core.simulator import ALL_POLICIES, BASELINE_GRID, SimConfig, best_variant, simulate
-from kale_airflow.core.throughput import cluster_preset
+from kale_airflow.core.cluster import cluster_preset
 from kale_airflow.core.traffic import load_trace
 from kale_airflow.reporting.results import write_json
 

@@ -35,7 +35,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace, repair=args.repair)
     for note in trace.report.notes:
         log.warning("trace %s: %s", trace.name, note)
-    from kale_airflow.core.throughput import cluster_preset
+    from kale_airflow.core.cluster import cluster_preset
 
     cluster, profile_workers, profile_noise = cluster_preset(args.cluster)
     cfg = SimConfig(slo_s=args.slo_seconds, history_days=args.history_days, days=args.days, seed=args.seed,

@@ -30,7 +30,9 @@ import pandas as pd
 from kale_airflow.config import Config, load_config
 from kale_airflow.control.promotions import AnnouncedChampions
 from kale_airflow.core.policies import Decision, KalePolicy, Observation, Reason
-from kale_airflow.core.policies.kale import KnownCapacity, OnlineForecastSource, planned_downtime
+from kale_airflow.core.capacity import KnownCapacity
+from kale_airflow.core.policies.kale import planned_downtime
+from kale_airflow.core.sources import OnlineForecastSource
 from kale_airflow.core.slices import slices_for
 from kale_airflow.core.throughput import monotone
 from kale_airflow.metrics.embedded import MetricsError

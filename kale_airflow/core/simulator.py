@@ -46,9 +46,11 @@ from kale_airflow.core.policies import (
     StaticPolicy,
     make_online_kale,
 )
-from kale_airflow.core.policies.kale import KaleConfig, KalePolicy, KnownCapacity, OracleForecastSource
+from kale_airflow.core.capacity import KnownCapacity
+from kale_airflow.core.policies.kale import KaleConfig, KalePolicy
+from kale_airflow.core.sources import OracleForecastSource
 from kale_airflow.core.shards import ShardModel, zipf_shares
-from kale_airflow.core.throughput import ClusterModel
+from kale_airflow.core.cluster import ClusterModel
 from kale_airflow.core.traffic import Trace
 
 ONLINE_POLICIES = ("kale", "hpa", "keda", "autopilot", "static")

@@ -21,7 +21,7 @@ from kale_airflow.core.simulator import (
     run_policy,
     simulate,
 )
-from kale_airflow.core.throughput import ClusterModel, cluster_preset
+from kale_airflow.core.cluster import ClusterModel, cluster_preset
 from kale_airflow.core.traffic import load_trace
 from tests.conftest import daily_series
 

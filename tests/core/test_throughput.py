@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
+from kale_airflow.core.cluster import ClusterModel
 from kale_airflow.core.throughput import (
-    ClusterModel,
     ThroughputModel,
     ThroughputModelError,
     guarded,
@@ -173,7 +173,7 @@ def test_guarded_table_never_sizes_into_the_falling_region():
 
 
 def test_an_online_model_profiled_on_1_to_16_never_scales_past_a_comm_peak():
-    from kale_airflow.core.policies.kale import OnlineThroughput
+    from kale_airflow.core.capacity import OnlineThroughput
 
     comm = ClusterModel(kind="comm")
     src = OnlineThroughput(*noisy_obs(comm, [1, 2, 4, 8, 16], sd=0.05), max_workers=64)
@@ -187,7 +187,7 @@ def test_an_online_model_profiled_on_1_to_16_never_scales_past_a_comm_peak():
 
 
 def test_an_online_model_profiled_on_1_to_16_learns_a_saturating_ceiling():
-    from kale_airflow.core.policies.kale import OnlineThroughput
+    from kale_airflow.core.capacity import OnlineThroughput
 
     sat = ClusterModel(kind="saturating")
     src = OnlineThroughput(*noisy_obs(sat, [1, 2, 4, 8, 16], sd=0.05), max_workers=64)

@@ -10,10 +10,9 @@ from hypothesis import strategies as st
 from kale_airflow.core.forecast import SeasonalNaiveForecaster
 from kale_airflow.core.policies import KaleConfig, KalePolicy, Limits, Observation, Reason
 from kale_airflow.core.policies.base import Decision
+from kale_airflow.core.capacity import KnownCapacity
+from kale_airflow.core.sources import OnlineForecastSource, OracleForecastSource
 from kale_airflow.core.policies.kale import (
-    KnownCapacity,
-    OnlineForecastSource,
-    OracleForecastSource,
     Sizing,
     WindowMax,
     drain_rate,
@@ -30,7 +29,7 @@ from kale_airflow.core.policies.kale import (
     sized_for_restart,
     slo_at_risk,
 )
-from kale_airflow.core.throughput import ClusterModel
+from kale_airflow.core.cluster import ClusterModel
 from tests.conftest import daily_series
 
 # The stage arithmetic below is written for these settings, not the defaults (which the

@@ -1,0 +1,236 @@
+"""Where Kale's view of future traffic comes from: the online forecast of the observed
+rates (deployed Kale) or the true future (clairvoyant Kale, a reference only)."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Protocol
+
+import numpy as np
+import pandas as pd
+
+from kale_airflow.core.forecast import Forecaster, ForecastError, quantile_column
+
+
+class ForecastSource(Protocol):
+    """Where Kale's view of future traffic comes from.
+
+    ``stateful`` declares whether the source has state worth persisting between sensor
+    pokes: :class:`KalePolicy` saves ``state_dict()`` (and restores it through
+    ``load_state_dict``) only then. A stateless source implements both as no-ops.
+    """
+
+    stateful: bool
+
+    def observe(self, now_s: float, rate: float | None) -> None: ...
+
+    def state_dict(self) -> dict:
+        """JSON-friendly state (``{}`` for a stateless source)."""
+        ...
+
+    def load_state_dict(self, state: dict) -> None:
+        """Inverse of :meth:`state_dict` (a no-op for a stateless source)."""
+        ...
+
+    def upper(self, now_s: float, horizon_s: float) -> tuple[float | None, str]:
+        """Max upper-quantile rate over (now, now + horizon]; (None, why) if unavailable."""
+        ...
+
+    def recent_max(self, now_s: float, window_s: float) -> float | None: ...
+
+
+class OnlineForecastSource:  # pragma: no mutate block
+    """Feeds observed rates into bins and keeps a forecast of the next hours.
+
+    Every ``refresh_every_s`` (default: each bin) the forecast is renewed from the bins
+    so far. Forecasters declaring ``supports_fit_values`` are refitted on the raw bins;
+    others that declare ``supports_forecast`` (like NeuralProphet) are retrained every
+    ``retrain_every_s`` and only forecast in between; the rest are refitted. Only
+    completed bins (strictly in the past) reach the forecaster.
+    """
+
+    stateful = True  # the bins are worth persisting between pokes
+
+    def __init__(self, forecaster: Forecaster, *, bin_s: float = 300.0, quantile: float = 0.9,
+                 history_s: float = 21 * 86400.0, max_horizon_s: float = 7200.0,
+                 refresh_every_s: float | None = None, retrain_every_s: float | None = None,
+                 pretrained: bool = False):
+        if quantile not in forecaster.quantiles:
+            raise ValueError(f"forecaster {forecaster.name} has no {quantile} quantile; it offers {forecaster.quantiles}")
+        self.forecaster = forecaster
+        self.bin_s = bin_s
+        self._qi = forecaster.quantiles.index(quantile)
+        self._keep = int(history_s // bin_s)
+        self._refresh_bins = max(1, int(round((refresh_every_s or bin_s) / bin_s)))
+        self._retrain_bins = None if retrain_every_s is None else max(1, int(round(retrain_every_s / bin_s)))
+        self._horizon = int(math.ceil(max_horizon_s / bin_s)) + self._refresh_bins
+        self._trained_at: int | None = None  # bin index of the last full training
+        # A registered champion is already trained: only forecast with it, never refit.
+        self._pretrained = pretrained and forecaster.supports_forecast
+        self._buf = np.zeros(2 * self._keep)  # ring of completed bin means, compacted when full
+        self._len = 0
+        self._last_bin: int | None = None  # index of the last completed bin
+        self._acc, self._acc_n, self._acc_bin = 0.0, 0, None
+        self._upper: np.ndarray | None = None
+        self._upper_from = 0  # bin index of _upper[0]
+        self._error = "no forecast yet"
+        self._cache: dict = {}
+
+    def state_dict(self) -> dict:
+        """Bins and the bin in progress (the forecast itself is recomputed on load)."""
+        return {"bins": self.bins.tolist(), "last_bin": self._last_bin, "acc": self._acc, "acc_n": self._acc_n,
+                "acc_bin": self._acc_bin}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Inverse of :meth:`state_dict`; refits the forecast from the restored bins."""
+        bins = state.get("bins", [])
+        self._len = 0
+        for v in bins[-self._keep:]:
+            self._append(float(v))
+        self._last_bin = state.get("last_bin")
+        self._acc, self._acc_n, self._acc_bin = state.get("acc", 0.0), state.get("acc_n", 0), state.get("acc_bin")
+        if self._len:
+            self._refit()
+
+    @property
+    def bins(self) -> np.ndarray:
+        """Completed bin means, oldest first (at most ``history_s``)."""
+        return self._buf[max(0, self._len - self._keep):self._len]
+
+    def preload(self, history: pd.Series) -> None:
+        """Seed with past rates (samples/s) on a regular index, resampled to ``bin_s``."""
+        binned = history.resample(pd.Timedelta(seconds=self.bin_s)).mean().dropna()
+        for ts, v in binned.items():
+            self._push(int(ts.value // 1e9 // self.bin_s), float(v))
+        self._refit()
+
+    def _append(self, value: float) -> None:
+        if self._len == len(self._buf):
+            self._buf[: self._keep] = self._buf[self._len - self._keep:self._len]
+            self._len = self._keep
+        self._buf[self._len] = value
+        self._len += 1
+
+    def _push(self, b: int, value: float) -> None:
+        if self._last_bin is not None and b > self._last_bin + 1:
+            # A metrics gap: carry the last value forward so the series stays regular.
+            for _ in range(min(b - self._last_bin - 1, self._keep)):
+                self._append(self._buf[self._len - 1])
+        self._append(value)
+        self._last_bin = b
+
+    def _refit(self) -> None:
+        bins = self.bins
+        if len(bins) < 4:
+            self._upper, self._error = None, f"only {len(bins)} bins of history"
+            return
+        f = self.forecaster
+        try:
+            if f.supports_fit_values:  # skips building a pandas index every few minutes
+                f.fit_values(bins.copy(), self.bin_s, pd.Timestamp(self._last_bin * self.bin_s, unit="s"))
+                upper = f.predict_arrays(self._horizon)[1][self._qi]
+            else:
+                start = (self._last_bin - len(bins) + 1) * self.bin_s
+                idx = pd.date_range(pd.Timestamp(start, unit="s"), periods=len(bins), freq=f"{self.bin_s:g}s")
+                series = pd.Series(bins.copy(), index=idx)
+                due = (self._trained_at is None or self._retrain_bins is None
+                       or self._last_bin - self._trained_at >= self._retrain_bins)
+                if (due or not f.supports_forecast) and not self._pretrained:
+                    f.fit(series)
+                    self._trained_at = self._last_bin
+                    frame = f.predict(self._horizon)
+                else:
+                    frame = f.forecast(series, self._horizon)
+                upper = frame[quantile_column(f.quantiles[self._qi])].to_numpy()
+        except (ForecastError, ValueError, RuntimeError) as exc:
+            self._upper, self._error = None, f"forecaster failed: {exc}"
+            return
+        if not np.isfinite(upper).all():
+            self._upper, self._error = None, "forecast has NaN values"
+            return
+        self._upper, self._upper_from = np.maximum(upper, 0.0), self._last_bin + 1
+        self._cache = {}
+
+    def observe(self, now_s: float, rate: float | None) -> None:
+        """Account the rate observed over the tick that ended at ``now_s``; refit when a bin closes."""
+        if rate is None:
+            return
+        b = int((now_s - 1e-6) // self.bin_s)
+        if self._acc_bin is not None and b != self._acc_bin:
+            self._push(self._acc_bin, self._acc / self._acc_n)
+            self._acc, self._acc_n = 0.0, 0
+            if self._upper is None or self._last_bin + 1 - self._upper_from >= self._refresh_bins:
+                self._refit()
+        self._acc_bin = b
+        self._acc += rate
+        self._acc_n += 1
+
+    def upper(self, now_s: float, horizon_s: float) -> tuple[float | None, str]:
+        """Max forecast upper quantile over the bins touching (now, now + horizon]."""
+        if self._upper is None:
+            return None, self._error
+        b = int(now_s // self.bin_s)
+        hit = self._cache.get(horizon_s)
+        if hit is not None and hit[0] == b:
+            return hit[1]
+        first = max(0, b - self._upper_from)
+        last = int((now_s + horizon_s) // self.bin_s) - self._upper_from
+        if last >= len(self._upper):
+            out = (None, f"forecast is stale (last refit {b - self._upper_from + 1} bins ago)")
+        else:
+            out = (float(self._upper[first:last + 1].max()), "forecast")
+        self._cache[horizon_s] = (b, out)
+        return out
+
+    def recent_max(self, now_s: float, window_s: float) -> float | None:
+        """Max bin mean over the last ``window_s`` (and the bin in progress)."""
+        k = max(1, int(window_s // self.bin_s))
+        if not self._len:
+            best = None
+        elif k == 1:
+            best = float(self._buf[self._len - 1])
+        else:
+            best = float(self._buf[max(0, self._len - k):self._len].max())
+        if self._acc_n:
+            cur = self._acc / self._acc_n
+            best = cur if best is None else max(best, cur)
+        return best
+
+
+class OracleForecastSource:  # pragma: no mutate block
+    """The true future, binned like the online source (for the oracle limit only)."""
+
+    stateful = False  # the future is given, nothing is learned
+
+    def __init__(self, start_s: float, tick_s: float, rates: np.ndarray, bin_s: float = 300.0):
+        self.bin_s = bin_s
+        b0 = int(start_s // bin_s)
+        idx = ((start_s + tick_s * np.arange(len(rates))) // bin_s).astype(int) - b0
+        sums = np.bincount(idx, weights=rates)
+        cnt = np.bincount(idx)
+        self._means = sums / np.maximum(cnt, 1)
+        self._b0 = b0
+        self._recent = deque(maxlen=4096)
+
+    def observe(self, now_s: float, rate: float | None) -> None:
+        """The oracle needs no observations."""
+
+    def state_dict(self) -> dict:
+        """Nothing to persist."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Nothing to restore."""
+
+    def upper(self, now_s: float, horizon_s: float) -> tuple[float | None, str]:
+        """Exact max bin mean over the look-ahead."""
+        first = max(0, int(now_s // self.bin_s) - self._b0)
+        last = min(len(self._means) - 1, int((now_s + horizon_s) // self.bin_s) - self._b0)
+        if first > last:
+            return float(self._means[-1]), "oracle"
+        return float(self._means[first:last + 1].max()), "oracle"
+
+    def recent_max(self, now_s: float, window_s: float) -> float | None:
+        """Not used by the oracle's decisions (its forecast is exact)."""
+        return 0.0
