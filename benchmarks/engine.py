@@ -1,14 +1,16 @@
-"""Decision-engine benchmark (issues 2 and 15): Kale against the best variant of each baseline.
+"""Decision-engine benchmark: Kale against the best variant of each baseline, and against
+the rules it replaced.
 
-For every trace in the traces folder (the shared traces, FB included) it runs the default
-evaluation protocol with Kale, clairvoyant Kale (JSON key ``oracle``), static and every
-baseline variant of ``BASELINE_GRID`` (HPA metric window 15/60/120 s, KEDA lagThreshold
-10/30/60 s, four Autopilot percentile/margin settings), plus the offline optimum, on:
+For every trace in the traces folder it runs the default evaluation protocol with Kale,
+clairvoyant Kale (JSON key ``oracle``), Kale's former rule policy (``kale-rules``), static
+and every baseline variant of ``BASELINE_GRID`` (HPA metric window 15/60/120 s, KEDA
+lagThreshold 10/30/60 s, four Autopilot percentile/margin settings), plus the offline
+optimum, on:
 
 - the **first half** of each evaluation window (after the 14 days of history): Kale's
-  global parameters are chosen here (``KALE_CANDIDATES``, by ``choose``), and only here;
+  tunables are chosen here (``KALE_CANDIDATES``, by ``choose``), and only here;
 - the **second half** (history = everything before it) and the **whole** window, with the
-  chosen parameters: the reported numbers;
+  chosen tunables: the reported numbers;
 
 each on the default ``amdahl`` cluster and on the misspecified ``saturating`` and ``comm``
 ones (profiled at 1-16 workers only; HPA and Autopilot variants there, not KEDA).
@@ -46,31 +48,19 @@ ROOT = Path(__file__).resolve().parent.parent
 GRID = tuple(n for names in BASELINE_GRID.values() for n in names)
 # Misspecified clusters: the baselines the targets name (HPA, Autopilot), not KEDA.
 CLUSTER_BASELINES = BASELINE_GRID["hpa"] + BASELINE_GRID["autopilot"]
-# Kale's global parameters, chosen on the first halves only (see choose()), on every
-# cluster: the targets hold there too. Each candidate pins every parameter any candidate
-# varies, so its runs do not move with KaleConfig's defaults (which are set to the chosen
-# one). This round shortens the look-ahead (stage 1: scale-ups go to the peak of twice
-# the look-ahead, 30-40 minutes rather than an hour) and the recent-peak floor, around
-# the last round's choice (30-minute look-ahead, 30-minute recent floor, cost factor 4, the median
-# forecast, no headroom, a 12-minute down window, a 3-minute return). The scale-down
-# check weighs GPU time saved over the look-ahead against the downtime cost, so a shorter
-# look-ahead alone makes scale-downs rarer; "same economics" candidates scale the cost
-# factor with it (4 x 20/30, 4 x 15/30). Earlier rounds' candidates are in the git
-# history of benchmarks/results/engine.json.
-_BASE = {"forecast_quantile": 0.5, "lookahead_s": 1800.0, "headroom": 0.0, "burst_ratio": 2.0,
-         "down_window_s": 720.0, "burst_down_window_s": 180.0, "downtime_cost_factor": 4.0, "recent_window_s": 1800.0}
-_LA20 = {"lookahead_s": 1200.0, "downtime_cost_factor": 4.0 * 20 / 30}
-_LA15 = {"lookahead_s": 900.0, "downtime_cost_factor": 4.0 * 15 / 30}
-KALE_CANDIDATES = {name: _BASE | change for name, change in {
-    "round-3-choice": {},
-    "lookahead-20min": {"lookahead_s": 1200.0},
-    "lookahead-20min-same-economics": _LA20,
-    "lookahead-20min-same-economics-recent-20min": _LA20 | {"recent_window_s": 1200.0},
-    "lookahead-20min-same-economics-recent-15min": _LA20 | {"recent_window_s": 900.0},
-    "lookahead-20min-cost-3-recent-15min": {"lookahead_s": 1200.0, "downtime_cost_factor": 3.0, "recent_window_s": 900.0},
-    "lookahead-15min-same-economics-recent-15min": _LA15 | {"recent_window_s": 900.0},
-    "lookahead-15min-same-economics-recent-20min": _LA15 | {"recent_window_s": 1200.0},
-}.items()}
+# Kale's tunables, chosen on the first halves only (see choose()), on every cluster. Each
+# candidate pins every tunable, so its runs do not move with KaleConfig's defaults (set to
+# the chosen one). The price of lag trades GPU-hours against lag; a shorter horizon counts
+# fewer hours of savings for a rescale.
+_PLAN = {"forecast_quantile": 0.5, "horizon_s": 5400.0, "persist_s": 60.0}
+KALE_CANDIDATES = {
+    "wait-0.5": _PLAN | {"wait_cost": 0.5},
+    "wait-1": _PLAN | {"wait_cost": 1.0},
+    "wait-1.5": _PLAN | {"wait_cost": 1.5},
+    "wait-2": _PLAN | {"wait_cost": 2.0},
+    "wait-1-horizon-1h": _PLAN | {"wait_cost": 1.0, "horizon_s": 3600.0},
+    "wait-1.5-horizon-1h": _PLAN | {"wait_cost": 1.5, "horizon_s": 3600.0},
+}
 CLUSTERS = ("amdahl", "saturating", "comm")
 PT = 100.0  # rates are fractions; targets are in percentage points
 
@@ -89,7 +79,8 @@ def bests(doc: dict) -> dict:
 
 
 def judge(doc: dict) -> list[dict]:
-    """Issue 15's "Must show" for one run."""
+    """The targets for one run: lag and downtime against the best HPA, SLO violations,
+    GPU-hours against the best Autopilot (at SLO violations no higher) and the offline optimum."""
     p, best = doc["policies"], doc["best"]
     k, c, s = p["kale"], p["oracle"], p["static"]
     out = []
@@ -108,13 +99,12 @@ def judge(doc: dict) -> list[dict]:
     out.append(check("kale SLO violations (%)", k["slo_violation_rate"] * PT, slo_target))
     if "autopilot" in best:
         a = p[best["autopilot"]]
-        out.append(check(f"kale/{best['autopilot']} GPU-hours", k["gpu_hours"] / a["gpu_hours"], 0.95))
+        out.append(check(f"kale/{best['autopilot']} GPU-hours", k["gpu_hours"] / a["gpu_hours"], 0.9))
         out.append(check(f"kale - {best['autopilot']} SLO violations (points)",
                          (k["slo_violation_rate"] - a["slo_violation_rate"]) * PT, 0.0))
-    out.append(check("kale/clairvoyant GPU-hours", k["gpu_hours"] / c["gpu_hours"], 1.15))
     off = doc["limits"].get("offline_optimal_gpu_hours")
     if off:
-        out.append(check("kale/offline optimum GPU-hours", k["gpu_hours"] / off, 1.5))
+        out.append(check("kale/offline optimum GPU-hours", k["gpu_hours"] / off, 1.25))
     return out
 
 
@@ -151,8 +141,8 @@ def run_one(path: str, policies: tuple, cfg: SimConfig, kale: dict) -> dict:
 
 
 def choose(first: dict[str, dict[str, dict]]) -> tuple[str, list[dict]]:
-    """Kale's parameters from the first halves only: the candidate meeting the most of the
-    issue's targets (``judge``) over the first halves, ties broken by the lowest mean
+    """Kale's tunables from the first halves only: the candidate meeting the most of the
+    targets (``judge``) over the first halves, ties broken by the lowest mean
     GPU-hours over the offline optimum's (a reference no candidate moves, unlike
     clairvoyant Kale, which runs the candidate's own logic). ``first[candidate]["trace|cluster"]``
     is a judged run document."""
@@ -205,7 +195,7 @@ def speed(trace_path: Path, kale: dict) -> dict:
     return {"trace": trace.name, "days": 30, "policies": list(ALL_POLICIES) + ["offline optimum"], "jobs": jobs,
             "wall_s": round(wall, 3), "kale_decide_p99_ms": round(p99, 4), "load_average_1m_before": round(load, 2),
             "checks": [check(f"30 days x all policies + offline optimum wall, {jobs} processes (s)", wall, 10.0),
-                       check("one Kale decision p99 (ms)", p99, 2.0)]}
+                       check("one Kale decision p99 (ms)", p99, 5.0)]}
 
 
 def print_speed(sp: dict) -> dict:
@@ -247,6 +237,25 @@ def readme_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def rules_table(report: dict) -> str:
+    """Kale's planner against the rules it replaced (``kale-rules``), row by row, from the JSON."""
+    head = ("| trace, cluster, window | GPU-h / offline opt. (rules) | lag / best HPA (rules) "
+            "| SLO viol. (rules) | rescales / day (rules) |")
+    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
+    for key, doc in report["runs"].items():
+        trace, cluster, window = key.split("|")
+        p, best = doc["policies"], doc["best"]
+        k, r, h = p["kale"], p["kale-rules"], p[best["hpa"]]
+        off, days = doc["limits"]["offline_optimal_gpu_hours"], doc["evaluation"]["days"]
+        lines.append(
+            f"| {NAMES.get(trace, trace)}, {cluster}, {window.replace('_', ' ')} "
+            f"| {k['gpu_hours'] / off:.3f} ({r['gpu_hours'] / off:.3f}) "
+            f"| {k['accumulated_lag'] / h['accumulated_lag']:.3f} ({r['accumulated_lag'] / h['accumulated_lag']:.3f}) "
+            f"| {k['slo_violation_rate'] * PT:.2f} % ({r['slo_violation_rate'] * PT:.2f} %) "
+            f"| {k['rescales'] / days:.0f} ({r['rescales'] / days:.0f}) |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--traces", default=str(ROOT.parent / "shared" / "data" / "traces"), help="folder of trace CSVs")
@@ -261,7 +270,8 @@ def main() -> int:
                     "the Kale parameters it records")
     args = ap.parse_args()
     if args.readme:
-        print(readme_table(json.loads(Path(args.json).read_text())))
+        report = json.loads(Path(args.json).read_text())
+        print(readme_table(report) + "\n\n" + rules_table(report))
         return 0
     if args.speed_only:
         report = json.loads(Path(args.json).read_text())
@@ -282,7 +292,7 @@ def main() -> int:
         chosen, rows = choose(first)
         kale = KALE_CANDIDATES[chosen]
         defaults = {k: v for k, v in asdict(KaleConfig()).items() if k in kale}
-        print(f"== Kale parameters chosen on the first halves: {chosen} {kale} "
+        print(f"== Kale's tunables chosen on the first halves: {chosen} {kale} "
               f"({'the KaleConfig defaults' if defaults == kale else 'NOT the KaleConfig defaults'})")
         for r in rows:
             print(f"  {r['candidate']:>18}: targets met {r['targets_met']}/{r['targets']}, GPU-h / offline optimum "
@@ -293,7 +303,7 @@ def main() -> int:
         jobs = {f"{p.stem}|{kind}|{window}": on_cluster(wins[p.stem][window], kind)
                 for p in paths for kind in clusters for window in ("whole", "second_half")}
         futs = {key: pool.submit(run_one, str(Path(args.traces) / (key.split("|")[0] + ".csv")),
-                                 ("kale", "oracle", "static") + baselines(key), cfg, kale)
+                                 ("kale", "oracle", "kale-rules", "static") + baselines(key), cfg, kale)
                 for key, cfg in jobs.items()}
         runs = {key: f.result() for key, f in futs.items()}
     report = {"protocol": SimConfig(days=args.days).to_dict(), "kale_config": asdict(replace(KaleConfig(), **kale)),
@@ -311,7 +321,7 @@ def main() -> int:
     report["speed"] = print_speed(speed(next((p for p in paths if "nyc" in p.name), paths[0]), kale))
     report["wall_s"] = round(time.perf_counter() - started, 1)
     write_json(args.json, report)
-    print("\n" + readme_table(report))
+    print("\n" + readme_table(report) + "\n\n" + rules_table(report))
     return 0
 
 

@@ -91,7 +91,7 @@ def worker_scaling(tmp: Path, seconds: float) -> dict:
         for p in range(6):
             for chunk in range(250):
                 stream.append(p, pack(generate(1000, 1000 * p + chunk)))
-        metrics = EmbeddedMetrics(f"sqlite:///{d / 'kale.db'}", seed=False)
+        metrics = EmbeddedMetrics(f"sqlite:///{d / 'kale.db'}")
         from kale_airflow.core.rebalance import assign
 
         doc = assign({str(p): 1.0 for p in range(6)}, n).to_dict()

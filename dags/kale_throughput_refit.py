@@ -14,15 +14,20 @@ from kale_airflow.registry.mlflow_registry import THROUGHPUT_MODEL
 DOC = """
 ### Kale: refit the throughput model
 
-Reads (workers, samples/s) observations from the metrics source (workers record them;
-the embedded default starts from the simulator's profiling run), fits the Ernest-style
-model on all but the newest `holdout_fraction`, scores it and the champion on those,
-registers `kale-throughput-model` with alias `challenger`, then promotes or holds it
-for review exactly like the forecaster. A promotion ends with `announce_champion`, an asset
+Reads (workers, samples/s) observations from the metrics source (the training job's rank 0
+records them; on a new deployment `kale profile` runs the job at a few world sizes to record
+the first ones), fits the Ernest-style model on all but the newest `holdout_fraction`, scores
+it and the champion on those, registers `kale-throughput-model` with alias `challenger`, then
+promotes or holds it for review exactly like the forecaster. A promotion ends with `announce_champion`, an asset
 event on `kale://models/throughput` that tells the autoscaler to reload its champions.
 
+Without at least 4 measured observations at 2 or more worker counts `fit` fails at once,
+naming `kale profile`; it never fits simulated data (rows at timestamp 0, which earlier
+versions seeded into every empty store, are ignored).
+
 A challenger held for review and a task that fails for good (2 retries, 5 min apart with
-backoff; a broken deployment file is not retried) reach the configured alert notifier.
+backoff; a broken deployment file or missing observations are not retried) reach the
+configured alert notifier.
 
 Schedule: `AIRFLOW_VAR_KALE_THROUGHPUT_REFIT_SCHEDULE` (or `KALE_THROUGHPUT_REFIT_SCHEDULE`)
 in the DAG processor's environment, read without a metadata-DB lookup (default `@hourly`).

@@ -73,8 +73,7 @@ class Demo:
             "bin_s": 30, "slo_s": SLO_S, "rescale_downtime_s": 30, "worker_batch_size": self.batch,
             "worker_step_time_s": self.step_time_s,
             # Demo-sized windows: minutes of wall time stand for hours of trace time.
-            "kale": {"lookahead_s": LOOKAHEAD_S, "up_window_s": 4, "down_window_s": 30, "recent_window_s": 20,
-                     "min_drain_s": 10},
+            "kale": {"horizon_s": 2 * LOOKAHEAD_S, "persist_s": 4, "wait_cost": 1.0},
         }))
         self.say(f"each generation is one torch.distributed job (gloo, one process per rank); EMULATION: each "
                  f"rank sleeps to a GPU step of {self.step_time_s:g} s per {self.batch} samples "
@@ -92,37 +91,28 @@ class Demo:
     # --------------------------------------------------------------- profiling
     def profile(self) -> None:
         """The training job's throughput at world sizes 1, 2 and 3, recorded by the job itself
-        (rank 0: the whole job's samples/s, all-reduce included). Each rank EMULATES a GPU step
-        (``--step-time``) so a 2-core machine can host several; the synchronization is real."""
-        os.environ["KALE_HOME"] = self.env["KALE_HOME"]
-        from kale_airflow.core.rebalance import assign
-        from kale_airflow.metrics.embedded import EmbeddedMetrics
-        from kale_airflow.runtime.backends import LocalWorkers, WorkerSpec
+        (rank 0: the whole job's samples/s, all-reduce included), exactly as ``kale profile``
+        measures a new deployment's job. The demo's store starts empty: no simulated row, the
+        throughput model comes from these records only. Each rank EMULATES a GPU step
+        (``worker_step_time_s``) so a 2-core machine can host several; the synchronization is
+        real. The job trains on a stream of its own, filled evenly, because the demo's traffic
+        only starts after the models are registered."""
+        from kale_airflow.config import Config, load_deployment
+        from kale_airflow.pipelines.profile import ProfileOptions, profile_job
         from kale_airflow.runtime.samples import generate, pack
         from kale_airflow.stream.embedded import EmbeddedStream
 
-        metrics = EmbeddedMetrics(self.paths.database_url)  # seeded with the bundled trace
-        metrics.clear_throughput()  # the throughput model must come from these workers, not the seed
+        os.environ["KALE_HOME"] = self.env["KALE_HOME"]
         path = self.kale_home / "profile-stream.db"
         s = EmbeddedStream(path, partitions=6)
         for p in range(6):
             for chunk in range(20):
                 s.append(p, pack(generate(1000, 100 * p + chunk)))
-        for n in (1, 2, 3):
-            spec = WorkerSpec(f"sqlite:///{path}", str(self.kale_home / f"profile-ck-{n}"), group=f"profile{n}",
-                              database_url=self.paths.database_url, batch_size=self.batch,
-                              extra_args=["--step-time", str(self.step_time_s), "--report-every", "2"])
-            workers = LocalWorkers(spec, self.kale_home / "worker-logs")
-            workers.start(f"profile{n}", assign({str(p): 1.0 for p in range(6)}, n).to_dict())
-            deadline = time.monotonic() + 120  # torch import and rendezvous first: time the running job
-            while (metrics.throughput_observations()["workers"] != n).all() and time.monotonic() < deadline:
-                time.sleep(0.5)
-            time.sleep(10)
-            workers.stop()
-        obs = metrics.throughput_observations()
-        for n, grp in obs.groupby("workers"):
-            self.say(f"profiling: a job of {n} rank(s) measured {grp['rate'].median():,.0f} samples/s "
-                     f"(emulated GPU step, real all-reduce)")
+        options = ProfileOptions(workers=(1, 2, 3), seconds_per_size=10, report_every_s=2,
+                                 stream_url=f"sqlite:///{path}")
+        results = profile_job(Config(self.paths, load_deployment(self.paths)), options, say=self.say)
+        rates = ", ".join("no record" if r.samples_per_s is None else f"{r.samples_per_s:,.0f}" for r in results)
+        self.say(f"profiling: jobs of 1, 2 and 3 ranks measured {rates} samples/s (emulated GPU step, real all-reduce)")
 
     # ---------------------------------------------------------------- traffic
     def produce(self) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from kale_airflow import __version__
 from kale_airflow.cli.ops import add_ops
+from kale_airflow.cli.profile import add_profile
 from kale_airflow.core.errors import KaleError
 from kale_airflow.core.forecast import forecaster_names
 from kale_airflow.core.simulator import ALL_POLICIES, VARIANTS, SimConfig, simulate
@@ -85,7 +86,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 
         bar = tqdm(unit="origin", desc=f"{trace.name} {args.forecaster}")
     result = backtest(trace.series, forecaster, horizon, test_days=args.test_days, max_train_days=args.max_train_days,
-                      progress=bar)
+                      adaptive=args.adaptive, adaptive_rate=args.adaptive_rate, progress=bar)
     if bar is not None:
         bar.close()
     m = result.metrics | {"trace": trace.name}
@@ -95,8 +96,16 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     if m.get("selected"):
         scores = ", ".join(f"{c} {v['mase']:.3f}" for c, v in m["candidates"].items())
         print(f"  selected {m['selected']} by held-out MASE before the test window: {scores}")
+    if m["adaptive"]:
+        print(f"  quantiles calibrated online (adaptive, {m['adaptive_rate']:g} log units/h); the forecaster's own "
+              "in brackets")
     for col, cov in m["coverage_by_quantile"].items():
-        print(f"  {col}: coverage {cov:.3f}, pinball loss {m['pinball'][col]:.4g}")
+        line = (f"  {col}: coverage {cov:.3f} (last day {m['coverage_last_day'][col]:.3f}), "
+                f"pinball loss {m['pinball'][col]:.4g}")
+        if m["adaptive"]:
+            line += (f"   [{m['coverage_by_quantile_unadjusted'][col]:.3f} (last day "
+                     f"{m['coverage_last_day_unadjusted'][col]:.3f}), {m['pinball_unadjusted'][col]:.4g}]")
+        print(line)
     write_json(args.json, m)
     if args.plot:
         from kale_airflow.reporting.plots import plot_backtest
@@ -158,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log decisions and repairs")
     parser.add_argument("--version", action="version", version=f"kale-airflow {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_simulate, _add_forecast, _add_rebalance, _add_demo, add_ops):
+    for add in (_add_simulate, _add_forecast, _add_rebalance, _add_demo, add_ops, add_profile):
         add(sub)
     return parser
 
@@ -218,6 +227,8 @@ def _add_simulate(sub) -> None:
 
 
 def _add_forecast(sub) -> None:
+    from kale_airflow.core.calibration import DEFAULT_RATE
+
     fc = sub.add_parser("forecast", help="forecaster tools").add_subparsers(dest="forecast_command", required=True)
     bt = fc.add_parser(
         "backtest",
@@ -225,7 +236,9 @@ def _add_forecast(sub) -> None:
         description=(
             "Train the forecaster on the trace before its last --test-days, then forecast --horizon ahead from "
             "rolling origins through those days, each from data before the origin only. Reports MASE against the "
-            "daily seasonal-naive forecast (< 1 beats it), sMAPE, pinball loss and coverage per quantile."
+            "daily seasonal-naive forecast (< 1 beats it), sMAPE, pinball loss and coverage per quantile, over the "
+            "window and its last day. With --adaptive (default) the quantiles are calibrated online from the bins "
+            "before each origin, and the forecaster's own are reported beside them."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -236,8 +249,14 @@ def _add_forecast(sub) -> None:
     bt.add_argument("--test-days", type=float, default=7.0, help="most recent days used as rolling origins")
     bt.add_argument("--max-train-days", type=float, default=28.0, help="train on at most this many days")
     bt.add_argument("--repair", action="store_true", help="sort rows and interpolate gaps/NaNs instead of failing")
+    bt.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=True,
+                    help="calibrate the quantiles online from the coverage realised before each origin (adaptive "
+                         "conformal); the forecaster's own quantiles are reported beside them")
+    bt.add_argument("--adaptive-rate", type=float, default=DEFAULT_RATE,
+                    help="learning rate of the online calibration, log units per hour")
     bt.add_argument("--json", metavar="OUT",
-                    help="write metrics (mase, smape, coverage, fit_seconds, selected with auto, ...) as JSON")
+                    help="write metrics (mase, smape, coverage, coverage_last_day, fit_seconds, selected with "
+                         "auto, ...) as JSON")
     bt.add_argument("--plot", metavar="OUT.png", help="plot actual vs forecast with the quantile band")
     bt.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     bt.set_defaults(func=cmd_backtest)

@@ -158,7 +158,7 @@ def format_status(doc: dict) -> str:
     if isinstance(m, str):
         lines.append(f"models: {m}")
     elif not m:
-        lines.append("models: none registered (run kale_forecaster_retrain and kale_throughput_refit)")
+        lines.append("models: none registered (run kale_forecaster_retrain; kale profile, then kale_throughput_refit)")
     else:
         lines.append("models: " + ", ".join(f"{x['model']}@{x['alias']}=v{x['version']}"
                                             + (f" ({x['review']})" if x["review"] else "") for x in m))

@@ -29,12 +29,9 @@ import pandas as pd
 
 from kale_airflow.config import Config, load_config
 from kale_airflow.control.promotions import AnnouncedChampions
-from kale_airflow.core.policies import Decision, KalePolicy, Observation, Reason
-from kale_airflow.core.capacity import KnownCapacity
+from kale_airflow.core.policies import Decision, KalePolicy, Observation, Reason, build_kale
 from kale_airflow.core.policies.kale import planned_downtime
-from kale_airflow.core.sources import OnlineForecastSource
 from kale_airflow.core.slices import slices_for
-from kale_airflow.core.throughput import monotone
 from kale_airflow.metrics.embedded import MetricsError
 from kale_airflow.store import StateStore
 
@@ -43,6 +40,7 @@ STATE_KEY = "autoscaler_state"
 PAUSES_KEY = "rescale_pauses"  # measured pauses of the last rescales (see Autoscaler.downtime_s)
 PAUSES_KEPT = 5
 RECORD_BACKFILL_BINS = 12  # bins of traffic history recovered after a restart of the autoscaler
+HISTORY_DAYS = 14.0  # recorded traffic the forecast source starts from (as the simulator's history)
 
 
 class Autoscaler:
@@ -80,9 +78,8 @@ class Autoscaler:
     # ----------------------------------------------------------------- models
     def _champions(self):
         versions = self.registry.versions()
-        if None in versions:
-            missing = [n for n, v in zip(("forecaster", "throughput model"), versions) if v is None]
-            raise LookupError(f"no champion {', '.join(missing)}: run the retrain/refit DAGs and promote one")
+        if versions[0] is None:
+            raise LookupError("no champion forecaster: run the forecaster retrain DAG and promote one")
         if versions != self.versions or self.policy is None:
             forecaster, throughput = self.registry.load()
             self._build(forecaster, throughput)
@@ -90,15 +87,39 @@ class Autoscaler:
             self.versions = versions
 
     def _build(self, forecaster, throughput) -> None:
+        """Kale from the one factory the simulator uses: the champion forecaster, started from
+        the recorded traffic, and a capacity table fitted and refitted from every throughput
+        observation the workers recorded, exactly as in simulation. The champion throughput
+        model (reviewed in MLflow) is the first fit only while the observations cannot
+        identify a curve themselves (fewer than two measured counts, or none readable)."""
         dep = self.dep
-        cfg = dep.kale_config
-        source = OnlineForecastSource(forecaster, bin_s=dep.bin_s, quantile=cfg.forecast_quantile,
-                                      max_horizon_s=2 * cfg.lookahead_s, pretrained=True)
-        capacity = KnownCapacity(monotone(throughput.capacity_table(dep.limits.upper)))
-        self.policy = KalePolicy(dep.limits, source, capacity, cfg)
+        try:
+            seen = self.metrics.throughput_observations()
+        except MetricsError as exc:
+            log.warning("throughput observations unavailable (%s)", exc)
+            seen = pd.DataFrame({"workers": [], "rate": []})
+        observations = (seen["workers"].to_numpy(dtype=int), seen["rate"].to_numpy(dtype=float))
+        model = throughput if seen["workers"].nunique() < 2 else None
+        self.policy = build_kale(dep.limits, forecaster, observations, dep.kale_config, bin_s=dep.bin_s,
+                                 model=model, pretrained=True, history=self._history())
         saved = self.state.get_value(STATE_KEY)
         if saved:
             self.policy.load_state_dict(saved)
+
+    def _history(self) -> pd.Series | None:
+        """The recorded traffic (samples/s) the forecast source starts from, as the simulator's
+        starts from the trace's history; None when less than a day (one daily cycle) was
+        recorded: the live bins then serve as well (never the bundled trace: a deployment
+        forecasts its own stream). A saved policy state's bins replace it."""
+        try:
+            counts = self.metrics.traffic_history(HISTORY_DAYS).dropna()
+        except MetricsError as exc:
+            log.info("no traffic history to start the forecast from (%s)", exc)
+            return None
+        if len(counts) < 2 or (counts.index[-1] - counts.index[0]).total_seconds() < 86400:
+            return None
+        step = float(np.median(np.diff(counts.index.asi8))) / 1e9  # samples per step -> samples/s
+        return counts / step
 
     # ------------------------------------------------------------ observation
     def observe(self, now: float, *, record: bool = True) -> Observation:
@@ -152,7 +173,7 @@ class Autoscaler:
                     self.state.set_value(PAUSES_KEY, rec)
                 log.info("generation %s began training %.1f s after it was decided (rescale pause)",
                          cur["generation"], pause)
-        return planned_downtime(dep.rescale_downtime_s, rec["pauses"], dep.kale_config.lookahead_s)
+        return planned_downtime(dep.rescale_downtime_s, rec["pauses"], dep.kale_config.horizon_s / 2)
 
     def _observed_workers(self, now: float, fallback: int) -> int:
         from kale_airflow.control.shadow import observed_workers
@@ -304,7 +325,8 @@ class ChampionSource(Protocol):
         ...
 
     def load(self) -> tuple:
-        """The champion (forecaster, throughput model) objects."""
+        """The champion (forecaster, throughput model) objects; the throughput model is None
+        until one is registered (Kale then fits its own from the recorded observations)."""
         ...
 
 
@@ -333,7 +355,8 @@ class MlflowChampions:
 
     def load(self) -> tuple:
         """The versions :meth:`versions` last reported (so the recorded versions are the loaded
-        ones even if the alias moves in between), else the current champions."""
+        ones even if the alias moves in between), else the current champions; no throughput
+        champion yet is None."""
         from kale_airflow.registry.mlflow_registry import (
             FORECASTER_MODEL,
             THROUGHPUT_MODEL,
@@ -346,5 +369,5 @@ class MlflowChampions:
         def one(name: str, version: str | None):
             return load_version(name, version, self.uri) if version else load_champion(name, self.uri)
 
-        return (one(FORECASTER_MODEL, seen[0]).unwrap_python_model().forecaster,
-                one(THROUGHPUT_MODEL, seen[1]).unwrap_python_model().model)
+        throughput = one(THROUGHPUT_MODEL, seen[1]).unwrap_python_model().model if seen[1] else None
+        return one(FORECASTER_MODEL, seen[0]).unwrap_python_model().forecaster, throughput

@@ -18,10 +18,10 @@ started. A long-lived autoscaler process (or a test) can skip the database and c
 ``kale_autoscaler_decisions_total{reason}``                 counter  decisions, holds included, by reason
 ``kale_autoscaler_decision_reason{reason}``                 gauge    1 for the last decision's reason, else 0
 ``kale_autoscaler_rescales_total{direction}``               counter  decisions that change the count (up/down/start)
-``kale_autoscaler_forecast_level_workers``                  gauge    workers covering two look-aheads (level)
-``kale_autoscaler_forecast_need_workers``                   gauge    workers covering one look-ahead (need)
-``kale_autoscaler_forecast_samples_per_second{q}``          gauge    forecast arrival rate (upper quantile)
-``kale_autoscaler_required_capacity_samples_per_second``    gauge    rate the workers must sustain
+``kale_autoscaler_plan_workers``                            gauge    the plan's first move (before persistence and holds)
+``kale_autoscaler_plan_cost_gpu_seconds{plan}``             gauge    the plan's cost over its horizon: ``move``, ``stay``
+``kale_autoscaler_forecast_samples_per_second{q}``          gauge    peak of the planned forecast quantile over the horizon
+``kale_autoscaler_required_capacity_samples_per_second``    gauge    rate the first step of the plan must sustain
 ``kale_autoscaler_capacity_samples_per_second``             gauge    capacity of the running workers
 ``kale_autoscaler_arrival_rate_samples_per_second``         gauge    samples/s arriving
 ``kale_autoscaler_throughput_samples_per_second``           gauge    samples/s the workers achieve
@@ -80,12 +80,13 @@ class DecisionMetrics:
                             ["reason"])
         self.rescales = Counter("kale_autoscaler_rescales", "Decisions that change the worker count.",
                                 ["direction"], registry=r)
-        self.level = gauge("kale_autoscaler_forecast_level_workers", "Workers covering two look-aheads.")
-        self.need = gauge("kale_autoscaler_forecast_need_workers", "Workers covering one look-ahead.")
+        self.plan = gauge("kale_autoscaler_plan_workers", "The plan's first move (before persistence and holds).")
+        self.cost = gauge("kale_autoscaler_plan_cost_gpu_seconds", "The plan's cost over its horizon (GPU-seconds, "
+                          "lag priced): move = the plan chosen, stay = keeping the count.", ["plan"])
         self.forecast = gauge("kale_autoscaler_forecast_samples_per_second",
-                              "Forecast arrival rate at quantile q over the look-ahead.", ["q"])
+                              "Peak of the planned forecast quantile q over the plan's horizon.", ["q"])
         self.required = gauge("kale_autoscaler_required_capacity_samples_per_second",
-                              "Samples/s the workers must sustain (the forecast's upper bound).")
+                              "Samples/s the first step of the plan must sustain.")
         self.capacity = gauge("kale_autoscaler_capacity_samples_per_second", "Capacity of the running workers.")
         self.arrival = gauge("kale_autoscaler_arrival_rate_samples_per_second", "Samples/s arriving.")
         self.throughput = gauge("kale_autoscaler_throughput_samples_per_second", "Samples/s the workers achieve.")
@@ -125,15 +126,17 @@ class DecisionMetrics:
         if d.workers != o.workers:
             self.rescales.labels("start" if not o.workers else ("up" if d.workers > o.workers else "down")).inc()
         det = d.details or {}
-        self._set(self.level, det.get("level"))
-        self._set(self.need, det.get("need"))
-        upper = _finite(det.get("forecast_upper"))
+        self._set(self.plan, det.get("target"))
+        for plan, key in (("move", "plan_gpu_h"), ("stay", "stay_gpu_h")):
+            hours = _finite(det.get(key))
+            self._set(self.cost.labels(plan), None if hours is None else hours * 3600)
+        peak = _finite(det.get("forecast_peak"))
         qs = dict(quantiles or {})
-        if upper is not None and forecast_quantile is not None:
-            qs.setdefault(forecast_quantile, upper)
+        if peak is not None and forecast_quantile is not None:
+            qs.setdefault(forecast_quantile, peak)
         for q, v in qs.items():
             self._set(self.forecast.labels(f"{float(q):g}"), v)
-        self._set(self.required, required if required is not None else upper)
+        self._set(self.required, required if required is not None else det.get("planned_rate"))
         self._set(self.capacity, capacity)
         self._set(self.arrival, o.arrival_rate)
         self._set(self.throughput, o.throughput)
@@ -255,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     config = load_config()
     dep = config.deployment
     exporter = StoreExporter(config.settings.database_url, slo_s=dep.slo_s,
-                             slo_risk_fraction=dep.kale_config.slo_risk_fraction,
+                             slo_risk_fraction=dep.alerts.slo_risk_fraction,
                              forecast_quantile=dep.kale_config.forecast_quantile)
     exporter.run(args.port, args.interval, args.addr)
     return 0

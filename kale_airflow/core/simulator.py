@@ -43,10 +43,13 @@ from kale_airflow.core.policies import (
     KEDAPolicy,
     Limits,
     Observation,
+    RulesConfig,
     StaticPolicy,
-    make_online_kale,
+    build_kale,
+    make_online_rules,
 )
 from kale_airflow.core.capacity import KnownCapacity
+from kale_airflow.core.planning import Prices, offline_schedule
 from kale_airflow.core.policies.kale import KaleConfig, KalePolicy
 from kale_airflow.core.sources import OracleForecastSource
 from kale_airflow.core.shards import ShardModel, zipf_shares
@@ -54,6 +57,8 @@ from kale_airflow.core.cluster import ClusterModel
 from kale_airflow.core.traffic import Trace
 
 ONLINE_POLICIES = ("kale", "hpa", "keda", "autopilot", "static")
+# Named candidates run on request (not in ALL_POLICIES): today's planner against the rules it replaced.
+CANDIDATES = ("kale-rules",)
 ALL_POLICIES = ONLINE_POLICIES + ("oracle",)
 # Display names: the oracle is Kale's own logic fed the truth, not a bound.
 LABELS = {"oracle": "clairvoyant Kale"}
@@ -220,51 +225,22 @@ def offline_optimum(arrivals: np.ndarray, cfg: SimConfig, initial_workers: int) 
     that starts with a rescale loses ``rescale_downtime_s`` of capacity and holds
     ``max(old, new)`` GPUs meanwhile. Steps no count can serve (bursts past the curve's
     peak) must run the peak count. The DP minimises GPU-hours over these schedules, from
-    the same initial count as the policies; value iteration is O(steps x workers).
+    the same initial count as the policies. It is Kale's planning problem
+    (:func:`~kale_airflow.core.planning.offline_schedule`) with perfect information and no
+    lag price.
 
     It is the optimum of this discretized problem, not a strict bound: a policy may beat
     it by carrying backlog across steps within the SLO or rescaling inside a step.
     """
-    upper, lo = cfg.limits.upper, cfg.min_workers
     step = cfg.offline_step_s
     per = max(1, int(round(step / cfg.tick_s)))
     step = per * cfg.tick_s
     pad = (-len(arrivals)) % per
     a = np.concatenate([arrivals, np.zeros(pad)]).reshape(-1, per).sum(axis=1)
-    cap = cfg.cluster.capacity_table(upper)
-    n = np.arange(upper + 1, dtype=float)
-    d = min(cfg.rescale_downtime_s, step)
-    ok_counts = n >= lo
-    ok_counts[0] = False
-    peak = cfg.cluster.peak_workers(upper)
-    inf = float("inf")
-    value = np.full(upper + 1, inf)
-    value[min(max(initial_workers, lo), upper)] = 0.0
-    switch = np.maximum.outer(n, n) * d          # [k, m]: GPUs held during the downtime
-    np.fill_diagonal(switch, inf)                # staying is not a move
-    back = np.empty((len(a), upper + 1), dtype=np.int16)
-    for j, need in enumerate(a):
-        stay_ok = ok_counts & (cap * step >= need - 1e-9)
-        move_ok = ok_counts & (cap * (step - d) >= need - 1e-9)
-        if not stay_ok.any():
-            stay_ok = n == peak
-        if not move_ok.any():
-            move_ok = n == peak
-        stay = np.where(stay_ok, value + n * step, inf)
-        m = value[:, None] + switch
-        src = np.argmin(m, axis=0)
-        move = np.where(move_ok, m[src, np.arange(upper + 1)] + n * (step - d), inf)
-        take_move = move < stay
-        back[j] = np.where(take_move, src, -1)
-        value = np.where(take_move, move, stay)
-    best = int(np.argmin(value))
-    rescales, state = 0, best
-    for j in range(len(a) - 1, -1, -1):
-        k = back[j, state]
-        if k >= 0:
-            rescales += 1
-            state = int(k)
-    return {"gpu_hours": float(value[best] / 3600.0), "rescales": rescales, "step_s": step}
+    cap = cfg.cluster.capacity_table(cfg.limits.upper)
+    start = min(max(initial_workers, cfg.min_workers), cfg.limits.upper)
+    gpu_s, rescales = offline_schedule(a, cap, step, Prices(cfg.rescale_downtime_s, 0.0, cfg.min_workers), start)
+    return {"gpu_hours": gpu_s / 3600.0, "rescales": rescales, "step_s": step}
 
 
 def fifo_freshness(cum_arrivals: list[float], arrivals: list[float], cum_processed: float, t0: float,
@@ -455,14 +431,17 @@ def build_policy(name: str, cfg: SimConfig, workload: Workload, forecaster: str 
     limits = cfg.limits
     profile = profile_observations(cfg)
     kcfg = replace(kale_config or KaleConfig(), slo_s=cfg.slo_s, rescale_downtime_s=cfg.rescale_downtime_s)
-    if name == "kale":
+    if name in ("kale", "kale-rules"):
         model = get_forecaster(forecaster, **(forecaster_kwargs or {}))
         # Heavy forecasters (a separate forecast step, no array fast path) retrain daily and
         # re-forecast every 15 minutes, like the retrain DAG and the autoscaler would; cheap
         # ones refit each bin.
         heavy = model.supports_forecast and not model.supports_fit_values
-        return make_online_kale(limits, model, profile, kcfg, history=workload.history,
-                                refresh_every_s=900.0 if heavy else None, retrain_every_s=86400.0 if heavy else None)
+        cadence = {"refresh_every_s": 900.0 if heavy else None, "retrain_every_s": 86400.0 if heavy else None}
+        if name == "kale-rules":
+            rcfg = RulesConfig(slo_s=cfg.slo_s, rescale_downtime_s=cfg.rescale_downtime_s)
+            return make_online_rules(limits, model, profile, rcfg, history=workload.history, **cadence)
+        return build_kale(limits, model, profile, kcfg, history=workload.history, **cadence)
     if name == "hpa":
         return HPAPolicy(limits, HPAConfig(metric_window_s=cfg.hpa_window_s))
     if name == "keda":
@@ -478,7 +457,7 @@ def build_policy(name: str, cfg: SimConfig, workload: Workload, forecaster: str 
         source = OracleForecastSource(workload.start_s, cfg.tick_s, workload.arrivals / cfg.tick_s)
         capacity = KnownCapacity(cfg.cluster.capacity_table(limits.upper))
         return KalePolicy(limits, source, capacity, kcfg, name="oracle")
-    raise SimulationError(f"unknown policy {name!r}; choose from {', '.join(ALL_POLICIES + tuple(VARIANTS))}")
+    raise SimulationError(f"unknown policy {name!r}; choose from {', '.join(ALL_POLICIES + CANDIDATES + tuple(VARIANTS))}")
 
 
 def _replay_named(name: str, cfg: SimConfig, workload: Workload, noise: np.ndarray, initial: int, forecaster: str,
@@ -502,7 +481,7 @@ def _replay_all(names, jobs: int, bar, args: tuple) -> dict[str, PolicyRun]:
 
     with ProcessPoolExecutor(min(jobs, len(names)), mp_context=get_context("fork")) as pool:
         # Kale's replays are the longest: submitted first, the others fill in beside them.
-        slow_first = sorted(names, key=lambda n: n.split("@")[0] not in ("kale", "oracle"))
+        slow_first = sorted(names, key=lambda n: n.split("@")[0] not in ("kale", "oracle", "kale-rules"))
         futures = {name: pool.submit(_replay_named, name, *args) for name in slow_first}
         for future in futures.values():
             if bar is not None:

@@ -10,6 +10,7 @@ from typing import Protocol
 import numpy as np
 import pandas as pd
 
+from kale_airflow.core.calibration import AdaptiveCalibration
 from kale_airflow.core.forecast import Forecaster, ForecastError, quantile_column
 
 
@@ -22,6 +23,7 @@ class ForecastSource(Protocol):
     """
 
     stateful: bool
+    version: int  # changes whenever what the source answers may have changed (a refit, a new rate)
 
     def observe(self, now_s: float, rate: float | None) -> None: ...
 
@@ -33,8 +35,13 @@ class ForecastSource(Protocol):
         """Inverse of :meth:`state_dict` (a no-op for a stateless source)."""
         ...
 
-    def upper(self, now_s: float, horizon_s: float) -> tuple[float | None, str]:
-        """Max upper-quantile rate over (now, now + horizon]; (None, why) if unavailable."""
+    def peak(self, now_s: float, horizon_s: float) -> tuple[float | None, str]:
+        """Max planned-quantile rate over (now, now + horizon]; (None, why) if unavailable."""
+        ...
+
+    def path(self, now_s: float, bins: int) -> tuple[np.ndarray | None, str]:
+        """Planned-quantile rate (samples/s) of the bin containing ``now_s`` and the
+        ``bins - 1`` after it; (None, why) if the forecast does not reach that far."""
         ...
 
     def recent_max(self, now_s: float, window_s: float) -> float | None: ...
@@ -48,6 +55,12 @@ class OnlineForecastSource:  # pragma: no mutate block
     others that declare ``supports_forecast`` (like NeuralProphet) are retrained every
     ``retrain_every_s`` and only forecast in between; the rest are refitted. Only
     completed bins (strictly in the past) reach the forecaster.
+
+    ``adaptive`` (default on) keeps the quantiles calibrated online: every completed bin
+    scores the forecasts issued for it and moves their offsets
+    (:class:`~kale_airflow.core.calibration.AdaptiveCalibration`), so a quantile that drift
+    has made too low or too high returns to its nominal coverage, in the simulator and in
+    production alike (the offsets are part of the persisted state).
     """
 
     stateful = True  # the bins are worth persisting between pokes
@@ -55,7 +68,7 @@ class OnlineForecastSource:  # pragma: no mutate block
     def __init__(self, forecaster: Forecaster, *, bin_s: float = 300.0, quantile: float = 0.9,
                  history_s: float = 21 * 86400.0, max_horizon_s: float = 7200.0,
                  refresh_every_s: float | None = None, retrain_every_s: float | None = None,
-                 pretrained: bool = False):
+                 pretrained: bool = False, adaptive: bool = True):
         if quantile not in forecaster.quantiles:
             raise ValueError(f"forecaster {forecaster.name} has no {quantile} quantile; it offers {forecaster.quantiles}")
         self.forecaster = forecaster
@@ -76,11 +89,16 @@ class OnlineForecastSource:  # pragma: no mutate block
         self._upper_from = 0  # bin index of _upper[0]
         self._error = "no forecast yet"
         self._cache: dict = {}
+        self.version = 0
+        self.calibration = AdaptiveCalibration(forecaster.quantiles, self._horizon, bin_s) if adaptive else None
 
     def state_dict(self) -> dict:
-        """Bins and the bin in progress (the forecast itself is recomputed on load)."""
-        return {"bins": self.bins.tolist(), "last_bin": self._last_bin, "acc": self._acc, "acc_n": self._acc_n,
-                "acc_bin": self._acc_bin}
+        """Bins, the bin in progress and the calibration (the forecast itself is recomputed on load)."""
+        state = {"bins": self.bins.tolist(), "last_bin": self._last_bin, "acc": self._acc, "acc_n": self._acc_n,
+                 "acc_bin": self._acc_bin}
+        if self.calibration is not None:
+            state["calibration"] = self.calibration.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Inverse of :meth:`state_dict`; refits the forecast from the restored bins."""
@@ -90,8 +108,13 @@ class OnlineForecastSource:  # pragma: no mutate block
             self._append(float(v))
         self._last_bin = state.get("last_bin")
         self._acc, self._acc_n, self._acc_bin = state.get("acc", 0.0), state.get("acc_n", 0), state.get("acc_bin")
+        if self.calibration is not None and "calibration" in state:
+            try:
+                self.calibration.load_state_dict(state["calibration"])
+            except ValueError:  # saved for other quantiles or another horizon: learn afresh
+                self.calibration = AdaptiveCalibration(self.forecaster.quantiles, self._horizon, self.bin_s)
         if self._len:
-            self._refit()
+            self._refit(issue=False)  # the forecast the saved state already holds, not a new one to score
 
     @property
     def bins(self) -> np.ndarray:
@@ -119,8 +142,10 @@ class OnlineForecastSource:  # pragma: no mutate block
                 self._append(self._buf[self._len - 1])
         self._append(value)
         self._last_bin = b
+        if self.calibration is not None:
+            self.calibration.observe(b, value)
 
-    def _refit(self) -> None:
+    def _refit(self, issue: bool = True) -> None:
         bins = self.bins
         if len(bins) < 4:
             self._upper, self._error = None, f"only {len(bins)} bins of history"
@@ -129,7 +154,7 @@ class OnlineForecastSource:  # pragma: no mutate block
         try:
             if f.supports_fit_values:  # skips building a pandas index every few minutes
                 f.fit_values(bins.copy(), self.bin_s, pd.Timestamp(self._last_bin * self.bin_s, unit="s"))
-                upper = f.predict_arrays(self._horizon)[1][self._qi]
+                paths = np.stack(f.predict_arrays(self._horizon)[1])
             else:
                 start = (self._last_bin - len(bins) + 1) * self.bin_s
                 idx = pd.date_range(pd.Timestamp(start, unit="s"), periods=len(bins), freq=f"{self.bin_s:g}s")
@@ -142,15 +167,20 @@ class OnlineForecastSource:  # pragma: no mutate block
                     frame = f.predict(self._horizon)
                 else:
                     frame = f.forecast(series, self._horizon)
-                upper = frame[quantile_column(f.quantiles[self._qi])].to_numpy()
+                paths = np.stack([frame[quantile_column(q)].to_numpy(dtype=float) for q in f.quantiles])
         except (ForecastError, ValueError, RuntimeError) as exc:
             self._upper, self._error = None, f"forecaster failed: {exc}"
             return
-        if not np.isfinite(upper).all():
+        if not np.isfinite(paths).all():
             self._upper, self._error = None, "forecast has NaN values"
             return
-        self._upper, self._upper_from = np.maximum(upper, 0.0), self._last_bin + 1
+        if self.calibration is not None:
+            paths = self.calibration.adjust(paths)
+            if issue:
+                self.calibration.issue(self._last_bin, paths)
+        self._upper, self._upper_from = np.maximum(paths[self._qi], 0.0), self._last_bin + 1
         self._cache = {}
+        self.version += 1
 
     def observe(self, now_s: float, rate: float | None) -> None:
         """Account the rate observed over the tick that ended at ``now_s``; refit when a bin closes."""
@@ -165,9 +195,25 @@ class OnlineForecastSource:  # pragma: no mutate block
         self._acc_bin = b
         self._acc += rate
         self._acc_n += 1
+        if now_s >= (b + 1) * self.bin_s - 1e-6:  # this tick ended the bin: it is complete now
+            self._push(b, self._acc / self._acc_n)
+            self._acc, self._acc_n, self._acc_bin = 0.0, 0, None
+            if self._upper is None or self._last_bin + 1 - self._upper_from >= self._refresh_bins:
+                self._refit()
+        if self._upper is None:  # the fallback reads the recent rates
+            self.version += 1
 
-    def upper(self, now_s: float, horizon_s: float) -> tuple[float | None, str]:
-        """Max forecast upper quantile over the bins touching (now, now + horizon]."""
+    def path(self, now_s: float, bins: int) -> tuple[np.ndarray | None, str]:
+        """The forecast quantile of the bin containing ``now_s`` and the ``bins - 1`` after it."""
+        if self._upper is None:
+            return None, self._error
+        first = max(0, int(now_s // self.bin_s) - self._upper_from)
+        if first + bins > len(self._upper):
+            return None, f"forecast is stale (last refit {first + 1} bins ago)"
+        return self._upper[first:first + bins], "forecast"
+
+    def peak(self, now_s: float, horizon_s: float) -> tuple[float | None, str]:
+        """Max forecast quantile over the bins touching (now, now + horizon]."""
         if self._upper is None:
             return None, self._error
         b = int(now_s // self.bin_s)
@@ -202,6 +248,7 @@ class OracleForecastSource:  # pragma: no mutate block
     """The true future, binned like the online source (for the oracle limit only)."""
 
     stateful = False  # the future is given, nothing is learned
+    version = 0
 
     def __init__(self, start_s: float, tick_s: float, rates: np.ndarray, bin_s: float = 300.0):
         self.bin_s = bin_s
@@ -223,7 +270,13 @@ class OracleForecastSource:  # pragma: no mutate block
     def load_state_dict(self, state: dict) -> None:
         """Nothing to restore."""
 
-    def upper(self, now_s: float, horizon_s: float) -> tuple[float | None, str]:
+    def path(self, now_s: float, bins: int) -> tuple[np.ndarray | None, str]:
+        """Exact bin means from the bin containing ``now_s`` on (the last one repeated past the end)."""
+        first = max(0, int(now_s // self.bin_s) - self._b0)
+        idx = np.minimum(np.arange(first, first + bins), len(self._means) - 1)
+        return self._means[idx], "oracle"
+
+    def peak(self, now_s: float, horizon_s: float) -> tuple[float | None, str]:
         """Exact max bin mean over the look-ahead."""
         first = max(0, int(now_s // self.bin_s) - self._b0)
         last = min(len(self._means) - 1, int((now_s + horizon_s) // self.bin_s) - self._b0)

@@ -3,12 +3,16 @@ database (``KALE_DATABASE_URL``: one SQLite file by default, PostgreSQL in produ
 
 Tables: ``traffic(ts, value)`` (samples per step, ``ts`` in epoch seconds),
 ``throughput(ts, workers, rate)`` (samples/s measured by a worker set) and
-``partition_rates(ts, partition, rate)``. Traffic is only what was observed (the
-autoscaler records the stream's arrivals per bin); the forecaster's retrain falls back to
-the bundled trace, and says so, until there is some. On first use an empty store is
-seeded so the embedded default works out of the box: throughput from the simulator's
-profiling run of its reference cluster, partition rates from a Zipf(0.8) spread over 64
-partitions, until real workers and the stream record their own.
+``partition_rates(ts, partition, rate)``. Every row is something that was observed: the
+autoscaler records the stream's arrivals per bin, the training job's rank 0 records its
+samples/s (``kale profile`` runs the job at a few world sizes to do so on a new deployment),
+the stream or workers record partition rates. Opening a store never writes a row: a fresh
+control plane, PostgreSQL or SQLite, is empty until one of them records something, and the
+throughput refit fails (naming ``kale profile``) rather than fit anything else.
+
+Earlier versions seeded every empty store with the simulator's profiling curve and a Zipf
+spread of partition rates, all at timestamp 0 (:data:`SIMULATED_TS`); the refit ignores
+throughput rows at that timestamp, so a store opened by such a version fits real rows only.
 """
 
 from __future__ import annotations
@@ -20,12 +24,12 @@ import pandas as pd
 from sqlalchemy import delete, func, select
 
 from kale_airflow.core.errors import KaleError
-from kale_airflow.core.shards import zipf_shares
-from kale_airflow.core.simulator import SimConfig, profile_observations
 from kale_airflow.store.database import Database, masked, open_database
 from kale_airflow.store.schema import partition_rates, throughput, traffic
 
-SEED_PARTITIONS, SEED_SKEW = 64, 0.8
+# Timestamp of the simulated rows earlier versions seeded into every empty store (the epoch:
+# no worker records an observation there).
+SIMULATED_TS = 0.0
 
 
 class MetricsError(KaleError, RuntimeError):
@@ -37,27 +41,11 @@ class EmbeddedMetrics:
 
     name = "embedded"
 
-    def __init__(self, url: str | Path, *, seed: bool = True):
+    def __init__(self, url: str | Path):
         self.db: Database = open_database(url)
-        if seed:
-            self._seed()
 
     def __repr__(self) -> str:
         return f"EmbeddedMetrics({self.db!r})"
-
-    def _seed(self) -> None:
-        # Count and write under one lock: processes opening a fresh database together seed it once.
-        with self.db.locked() as c:
-            def count(table) -> int:
-                return c.execute(select(func.count()).select_from(table)).scalar()
-
-            if not count(throughput):
-                n, r = profile_observations(SimConfig())
-                self._write_throughput(c, np.zeros(len(n)), n, r)
-            if not count(partition_rates):
-                shares = zipf_shares(SEED_PARTITIONS, SEED_SKEW, seed=0)
-                level = float(SimConfig().cluster.capacity(16))
-                self._write_partition_rates(c, 0.0, {f"p{i:03d}": level * s for i, s in enumerate(shares)})
 
     def _write_traffic(self, c, series: pd.Series) -> int:
         ts = (series.index.asi8 // 10**9).tolist()
@@ -130,7 +118,7 @@ class EmbeddedMetrics:
         return pd.Series(np.asarray([np.nan if v is None else v for v in vals], dtype=float), index=idx, name="value")
 
     def clear_throughput(self) -> None:
-        """Forget all throughput observations (e.g. the seed, before profiling real workers)."""
+        """Forget all throughput observations (e.g. measurements of a job that has since changed)."""
         with self.db.begin() as c:
             c.execute(delete(throughput))
 

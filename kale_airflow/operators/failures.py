@@ -4,8 +4,9 @@ A module of an optional extra that is not installed (torch, NeuralProphet, Kafka
 fails the same way, with the ``pip install 'kale-airflow[EXTRA]'`` command to run.
 
 A wrong deployment file, a trace that fails validation, a forecaster given bad options or
-unusable history, a control-plane database of another schema version or an impossible
-rebalance stay wrong on the next try: the glue re-raises
+unusable history, a control-plane database of another schema version, an impossible
+rebalance or a throughput refit without measured observations (``kale profile`` records
+them) stay wrong on the next try: the glue re-raises
 them as ``AirflowFailException`` (the message kept), so Airflow skips the retries the DAGs'
 ``default_args`` grant to transient faults (a database or MLflow briefly unreachable)."""
 
@@ -24,9 +25,10 @@ def permanent_errors() -> tuple[type[BaseException], ...]:
     from kale_airflow.core.forecast import ForecastError
     from kale_airflow.core.rebalance import RebalanceError
     from kale_airflow.core.traffic import TraceError
+    from kale_airflow.pipelines.throughput import NoThroughputObservations
     from kale_airflow.store.database import SchemaVersionError
 
-    return ConfigError, TraceError, SchemaVersionError, RebalanceError, ForecastError
+    return ConfigError, TraceError, SchemaVersionError, RebalanceError, ForecastError, NoThroughputObservations
 
 
 # Modules of the optional extras (pip install 'kale-airflow[EXTRA]').

@@ -1,5 +1,9 @@
 """The steps of the throughput refit DAG: fit the resource-to-throughput model on recorded
-(workers, samples/s) observations, score it and the champion on the newest, register it."""
+(workers, samples/s) observations, score it and the champion on the newest, register it.
+
+Only what the training job measured is fitted: with too few observations the refit fails
+and says how to record some (``kale profile``); it never falls back to simulated data.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +13,45 @@ import numpy as np
 import pandas as pd
 
 from kale_airflow.config import Settings
+from kale_airflow.core.errors import KaleError
 from kale_airflow.core.throughput import ThroughputModel
-from kale_airflow.metrics.embedded import open_metrics
+from kale_airflow.metrics.embedded import SIMULATED_TS, open_metrics
 from kale_airflow.pipelines.common import data_hash
+from kale_airflow.store.database import masked
+
+MIN_OBSERVATIONS = 4  # with the 2 distinct worker counts the model needs to identify scaling
+
+
+class NoThroughputObservations(KaleError, ValueError):
+    """Too few measured (workers, samples/s) observations to fit; the message says how to record some."""
+
+
+def measured_observations(settings: Settings) -> pd.DataFrame:
+    """The throughput observations the training job recorded, without the simulated rows (at
+    :data:`SIMULATED_TS`) that earlier versions seeded; raises
+    :class:`NoThroughputObservations` when they cannot identify scaling."""
+    obs = open_metrics(settings.metrics_source, settings.database_url).throughput_observations()
+    simulated = int((obs["ts"] == SIMULATED_TS).sum())
+    obs = obs[obs["ts"] != SIMULATED_TS].reset_index(drop=True)
+    counts = sorted(int(n) for n in obs["workers"].unique())
+    if len(obs) >= MIN_OBSERVATIONS and len(counts) >= 2:
+        return obs
+    where = (f"the control plane ({masked(settings.database_url)})" if settings.metrics_source == "embedded"
+             else f"the {settings.metrics_source} metrics source")
+    found = (f"no throughput observations in {where}" if obs.empty else
+             f"only {len(obs)} throughput observation(s) at {len(counts)} worker count(s) {counts} in {where}")
+    ignored = (f" ({simulated} simulated row(s) at timestamp 0, seeded by an earlier version, are ignored)"
+               if simulated else "")
+    raise NoThroughputObservations(
+        f"{found}{ignored}: the throughput model is fitted only on the training job's own measurements, at "
+        f"least {MIN_OBSERVATIONS} of them at 2 or more worker counts, never on simulated data. Record some with "
+        "`kale profile` (it runs the job at --workers 1,2,4 and records the samples/s it measures), or let "
+        "training workers run at two sizes; then run kale_throughput_refit again.")
 
 
 def refit_throughput(settings: Settings, run_id: str, holdout_fraction: float = 0.2) -> dict:
     """Fit on older observations, score on the newest; the champion is scored on the same ones."""
+    obs = measured_observations(settings).sort_values("ts", kind="stable")  # before MLflow loads: fail fast
     from kale_airflow.registry.mlflow_registry import (
         CHAMPION,
         THROUGHPUT_MODEL,
@@ -24,13 +60,9 @@ def refit_throughput(settings: Settings, run_id: str, holdout_fraction: float = 
         registry_client,
     )
 
-    obs = open_metrics(settings.metrics_source, settings.database_url).throughput_observations()
-    if len(obs) < 4:
-        raise ValueError(f"only {len(obs)} throughput observations; workers must record at least 4 to fit")
-    obs = obs.sort_values("ts", kind="stable")
     cut = max(2, int(len(obs) * (1 - holdout_fraction)))
     rng = np.random.default_rng(0)
-    if obs["ts"].nunique() == 1:  # seeded profiling rows share one timestamp: hold out at random
+    if obs["ts"].nunique() == 1:  # rows written at one instant (a bulk import) have no order: hold out at random
         obs = obs.iloc[rng.permutation(len(obs))]
     train, test = obs.iloc[:cut], obs.iloc[cut:]
     model = ThroughputModel.fit(train["workers"], train["rate"])

@@ -163,15 +163,15 @@ def plot_decisions(ds: list[dict]):
         t0 = ds[-1]["ts"]
         t = [(d["ts"] - t0) / 60 for d in ds]
         actual = [d.get("arrival_rate") for d in ds]
-        upper = [d.get("forecast_upper") for d in ds]
+        upper = [d.get("forecast_peak") for d in ds]
         ax[0].plot(t, actual, color="black", lw=1, label="actual traffic (samples/s)")
         ax[0].fill_between(t, [a or 0 for a in actual], [u or 0 for u in upper], color="tab:blue", alpha=0.25,
-                           label="forecast band (actual to upper quantile)")
-        ax[0].plot(t, upper, color="tab:blue", lw=1, label="forecast upper quantile")
+                           label="forecast band (actual to the planned quantile's peak)")
+        ax[0].plot(t, upper, color="tab:blue", lw=1, label="planned forecast quantile, peak over the horizon")
         ax[0].step(t, [d.get("capacity") for d in ds], where="post", color="tab:green", lw=1,
                    label="capacity of the running workers (throughput model)")
         ax[1].step(t, [d["workers"] for d in ds], where="post", color="tab:green", label="running workers")
-        ax[1].plot(t, [d.get("need") for d in ds], color="tab:orange", lw=0.8, label="workers the forecast needs")
+        ax[1].plot(t, [d.get("target") for d in ds], color="tab:orange", lw=0.8, label="the plan's first move")
         for d, x in zip(ds, t):
             if d["target"] != d["workers"]:
                 ax[1].annotate(d["reason"].replace("_", " "), (x, d["target"]), fontsize=7, rotation=30)

@@ -504,6 +504,9 @@ def build_arg_parser() -> argparse.ArgumentParser:  # pragma: no mutate block
     ap.add_argument("--amp", action="store_true",
                     default=os.environ.get("KALE_WORKER_AMP", "").lower() in ("1", "true", "yes"),
                     help="bf16 mixed precision (torch.autocast) on CUDA; ignored on CPU (default $KALE_WORKER_AMP)")
+    ap.add_argument("--profiling", action="store_true",
+                    help="a profiling job (kale profile): record throughput, but send no heartbeats and never stop "
+                    "for the control plane's generations (stop it with SIGTERM)")
     ap.add_argument("--max-steps", type=int, help="stop after this many steps of this process (tests, batch jobs)")
     ap.add_argument("--exit-when-idle", action="store_true", help="stop when no rank has data (batch jobs, tests)")
     return ap
@@ -537,12 +540,14 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no mutate block
         from kale_airflow.metrics.embedded import EmbeddedMetrics
         from kale_airflow.store import StateStore
 
-        metrics, control = EmbeddedMetrics(url, seed=False), StateStore(url)
+        metrics, control = EmbeddedMetrics(url), StateStore(url)
     backend = rendezvous(args.rendezvous, args.worker_id, total, args.generation, control, device=args.device)
     worker = Worker(open_stream(args.stream), args.group, slices, args.checkpoint_dir, args.worker_id,
                     args.generation, total, args.batch_size, checkpoint_every=args.checkpoint_every,
-                    metrics=metrics, control=control, audit=args.audit, step_time_s=args.step_time,
-                    step_log=args.step_log, device=args.device, amp=args.amp)
+                    # A profiling job is no generation: no heartbeats (status and shadow mode count
+                    # the deployment's workers), and no stopping when the deployment's generation changes.
+                    metrics=metrics, control=None if args.profiling else control, audit=args.audit,
+                    step_time_s=args.step_time, step_log=args.step_log, device=args.device, amp=args.amp)
     try:  # /metrics on $KALE_METRICS_PORT, when set
         exposition.serve(None, worker=args.worker_id, generation=args.generation, workers=total,
                          restored=worker.restored_from is not None)

@@ -78,3 +78,22 @@ def test_baseline_settings_and_a_misspecified_cluster_reach_the_run(tmp_path):
     assert (c["hpa_window_s"], c["keda_lag_threshold_s"], c["autopilot_margin"], c["autopilot_percentile"]) == \
         (60, 10, 0, 0.9)
     assert set(doc["policies"]) == {"kale", "hpa", "hpa@120s", "keda", "autopilot"}
+
+
+@pytest.mark.parametrize(
+    "flags, adaptive", [([], True), (["--no-adaptive"], False), (["--adaptive-rate", "0.2"], True)],
+    ids=["adaptive-by-default", "no-adaptive", "own-rate"],
+)
+def test_forecast_backtest_reports_rolling_coverage_with_and_without_adaptive(tmp_path, capsys, flags, adaptive):
+    trace = tmp_path / "t.csv"
+    daily_series(days=4, noise=0.1).to_frame().to_csv(trace, index_label="timestamp")
+    rc = main(["forecast", "backtest", "--trace", str(trace), "--test-days", "1", "--no-progress",
+               "--json", str(tmp_path / "m.json"), *flags])
+    assert rc == 0
+    out = capsys.readouterr().out
+    doc = json.loads((tmp_path / "m.json").read_text())
+    assert doc["adaptive"] is adaptive and set(doc["coverage_last_day"]) == {"q50", "q80", "q90"}
+    assert "q90: coverage" in out and "(last day " in out
+    assert ("quantiles calibrated online" in out) is adaptive and ("coverage_unadjusted" in doc) is adaptive
+    if "--adaptive-rate" in flags:
+        assert doc["adaptive_rate"] == 0.2 and "0.2 log units/h" in out

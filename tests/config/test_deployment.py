@@ -22,8 +22,8 @@ def test_defaults_are_the_embedded_deployment(tmp_path, monkeypatch):
     [
         ({"worker_backend": "slurm"}, "worker_backend: input should be 'local' or 'kubernetes', got 'slurm' (str)"),
         ({"min_workers": 5, "max_workers": 2}, "max_workers (2) is below min_workers (5)"),
-        ({"kale": {"lookahed_s": 10}}, "kale.lookahed_s: unknown setting; allowed here: "),
-        ({"kale": {"lookahead_s": 10}}, "lookahead_s (10.0) must cover rescale_downtime_s"),
+        ({"kale": {"horizn_s": 10}}, "kale.horizn_s: unknown setting; allowed here: "),
+        ({"kale": {"horizon_s": 10}}, "horizon_s (10.0) must cover two restarts"),
         ({"worker_backend": "kubernetes", "kubernetes": {"run_as_user": 0}}, "kubernetes.run_as_user: run_as_user 0"),
         ({"stream": "x"}, "stream: unknown setting; allowed here: "),
         ({"partitions": 2, "min_workers": 3, "max_workers": 4}, "partitions (2) is below min_workers (3)"),
@@ -31,7 +31,7 @@ def test_defaults_are_the_embedded_deployment(tmp_path, monkeypatch):
         ({"slo_s": "fast"}, "slo_s: input should be a valid number, got 'fast' (str)"),
         ({"kubernetes": {"gpus_per_worker": -1}}, "kubernetes.gpus_per_worker: input should be greater than or equal"),
     ],
-    ids=["backend", "min-max", "typo", "lookahead", "root", "unknown-key", "partitions", "string-int", "string-float",
+    ids=["backend", "min-max", "typo", "horizon", "root", "unknown-key", "partitions", "string-int", "string-float",
          "negative-gpus"],
 )
 def test_bad_configuration_names_the_file_and_the_field(tmp_path, monkeypatch, data, message):
@@ -68,8 +68,8 @@ def test_missing_config_file_named_by_env_is_an_error(tmp_path, monkeypatch):
 
 
 def test_kale_overrides_reach_the_policy():
-    dep = Deployment(stream_url="sqlite:////tmp/x.db", slo_s=120, kale={"headroom": 0.1})
-    assert dep.kale_config.headroom == 0.1 and dep.kale_config.slo_s == 120
+    dep = Deployment(stream_url="sqlite:////tmp/x.db", slo_s=120, kale={"wait_cost": 0.5})
+    assert dep.kale_config.wait_cost == 0.5 and dep.kale_config.slo_s == 120
 
 
 def test_integers_are_valid_floats_and_the_result_is_frozen():

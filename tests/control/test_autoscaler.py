@@ -39,7 +39,7 @@ class FakeChampions:
 
     def load(self):
         self.loads += 1
-        return self.forecaster, self.throughput
+        return self.forecaster, self.throughput if self.current[1] else None
 
 
 def pod(phase):
@@ -75,16 +75,17 @@ def running(auto, workers, generation="g1"):
     auto.state.set_current_generation(generation, workers)
 
 
-def test_first_start_begins_at_the_forecast_level_and_is_recorded(home):
+def test_first_start_begins_at_the_plans_count_and_is_recorded(home):
     auto = autoscaler(home)
     arrive(home[1], 3500)
     d, obs = auto.poke(NOW)
     assert obs.workers == 0
     assert d.reason is Reason.SCALE_UP_FORECAST and "no training generation is running" in d.message
-    # No bins yet: the documented fallback, 3,500 samples/s plus 20 % at 1,000 per worker.
-    assert d.details["source"].startswith("fallback") and d.workers == d.details["level"] == 5
+    # No bins yet: the documented fallback, 3,500 samples/s plus 20 %, at 1,000 per worker.
+    assert d.details["source"].startswith("fallback") and d.details["planned_rate"] == pytest.approx(4200, rel=1e-3)
+    assert d.workers == d.details["target"] and 5 <= d.workers <= 7
     recorded = auto.state.decisions()[-1]
-    assert (recorded["workers"], recorded["target"], recorded["reason"]) == (0, 5, "scale_up_forecast")
+    assert (recorded["workers"], recorded["target"], recorded["reason"]) == (0, d.workers, "scale_up_forecast")
 
 
 def test_first_start_without_traffic_starts_the_minimum(home):
@@ -101,10 +102,23 @@ def test_models_unavailable_keeps_the_current_workers_and_says_why(home):
     assert auto.state.decisions()[-1]["reason"] == "hold_missing_metrics"
 
 
-def test_no_champion_yet_is_reported_by_name(home):
-    auto = autoscaler(home, FakeChampions(versions=("3", None)))
+def test_no_champion_forecaster_yet_is_reported_by_name(home):
+    auto = autoscaler(home, FakeChampions(versions=(None, "1")))
+    running(auto, 2)
     d, _ = auto.poke(NOW)
-    assert d.reason is Reason.HOLD_MISSING_METRICS and "no champion throughput model" in d.message
+    assert d.reason is Reason.HOLD_MISSING_METRICS and "no champion forecaster" in d.message
+
+
+def test_without_a_throughput_model_kale_plans_on_what_the_workers_measured(home):
+    auto = autoscaler(home, FakeChampions(versions=("3", None)))
+    running(auto, 2)
+    arrive(home[1], 4000)
+    d, _ = auto.poke(NOW)  # nothing measured: hold, and say how to measure
+    assert (d.workers, d.reason) == (2, Reason.HOLD_MISSING_METRICS) and "kale profile" in d.message
+    auto.metrics.write_throughput([NOW - 30] * 5, [2] * 5, [1800.0] * 5)
+    auto.policy = None  # the next DAG run builds Kale anew
+    d, _ = auto.poke(NOW + 15)
+    assert "assuming linear scaling" in d.message and d.details["target"] >= 5
 
 
 def test_cached_champions_keep_deciding_through_an_outage_and_reload_only_on_a_new_version(home):
@@ -125,12 +139,13 @@ def test_cached_champions_keep_deciding_through_an_outage_and_reload_only_on_a_n
 
 def test_policy_state_carries_over_to_a_new_autoscaler(home):
     first = autoscaler(home)
-    running(first, 2)
+    running(first, 12)
     arrive(home[1], 1500)
-    first.poke(NOW)
+    assert first.poke(NOW)[0].reason is Reason.HOLD_STABILIZING  # the scale-down waits for the persistence window
     second = autoscaler(home)
+    arrive(home[1], 1500, end=NOW + 15)
     second.poke(NOW + 15)
-    assert second.policy.state_dict()["count_since"] == first.policy.state_dict()["count_since"] == NOW
+    assert second.policy.state_dict()["want"] == first.policy.state_dict()["want"] == [-1, NOW]
 
 
 @pytest.mark.parametrize("phases, ready", [(["Running"] * 4, 4), (["Running", "Running", "Pending", "Pending"], 2),
@@ -152,7 +167,7 @@ def test_an_unreachable_kubernetes_api_means_unknown_not_zero(home):
 
 def test_pending_pods_hold_instead_of_asking_for_more(home):
     auto = autoscaler(home, pods=lambda: [pod("Running"), pod("Pending")], worker_backend="kubernetes",
-                      kale={"up_window_s": 0})
+                      kale={"persist_s": 0})
     running(auto, 2)
     arrive(home[1], 9000)
     d, _ = auto.poke(NOW)
@@ -169,7 +184,7 @@ def test_local_backend_never_lists_pods(home):
 
 
 def test_unreadable_stream_metrics_never_scale_down(home):
-    auto = autoscaler(home, kale={"down_window_s": 0})
+    auto = autoscaler(home, kale={"persist_s": 0})
     running(auto, 8)
     auto.stream.end_offsets = lambda: (_ for _ in ()).throw(OSError("disk gone"))
     arrive(home[1], 100)
@@ -183,7 +198,7 @@ def test_pokes_record_each_completed_bin_of_traffic_once(home):
     assert auto.record_traffic(NOW) == 12  # a restarted autoscaler backfills the last 12 one-minute bins
     assert auto.record_traffic(NOW + 30) == 0  # no bin has ended since
     assert auto.record_traffic(NOW + 61) == 1
-    recorded = EmbeddedMetrics(home[2], seed=False).traffic_history(1)
+    recorded = EmbeddedMetrics(home[2]).traffic_history(1)
     assert len(recorded) == 13 and recorded.iloc[-3:-1].tolist() == [72_000.0, 72_000.0]
 
 

@@ -27,7 +27,8 @@ def series(text: str, name: str) -> float:
 @pytest.mark.prometheus
 def test_a_decision_sets_the_gauges_and_counts_its_reason():
     m = DecisionMetrics()
-    details = {"need": 5, "level": 6, "forecast_upper": 5400.0, "source": "model"}
+    details = {"target": 6, "plan_gpu_h": 12.5, "stay_gpu_h": 14.0, "planned_rate": 5000.0, "forecast_peak": 5400.0,
+               "source": "model"}
     m.record(Decision(6, Reason.SCALE_UP_SLO_RISK, "lag", details), Observation(10.0, 4, 4000.0, 9e4, 200.0, None,
                                                                             3900.0, False, 3),
              capacity=4100.0, slo_s=300.0, forecast_quantile=0.9)
@@ -44,8 +45,10 @@ def test_a_decision_sets_the_gauges_and_counts_its_reason():
     assert series(text, 'kale_autoscaler_decision_reason{reason="scale_up_slo_risk"}') == 0
     assert series(text, 'kale_autoscaler_rescales_total{direction="up"}') == 1
     assert series(text, 'kale_autoscaler_forecast_samples_per_second{q="0.9"}') == 5400
-    assert series(text, "kale_autoscaler_required_capacity_samples_per_second") == 5400
-    assert series(text, "kale_autoscaler_forecast_level_workers") == 6
+    assert series(text, "kale_autoscaler_required_capacity_samples_per_second") == 5000
+    assert series(text, "kale_autoscaler_plan_workers") == 6
+    assert series(text, 'kale_autoscaler_plan_cost_gpu_seconds{plan="move"}') == 12.5 * 3600
+    assert series(text, 'kale_autoscaler_plan_cost_gpu_seconds{plan="stay"}') == 14 * 3600
     assert series(text, "kale_autoscaler_slo_at_risk") == 0  # 1 s of lag now
     assert series(text, "kale_autoscaler_freshness_slo_seconds") == 300
     assert str(series(text, "kale_autoscaler_ready_workers")) == "nan"  # unknown now, not zero
@@ -56,7 +59,7 @@ def test_the_exporter_process_exports_recorded_decisions_to_prometheus(tmp_path)
     url = f"sqlite:///{tmp_path / 'kale.db'}"
     store = StateStore(url)
     store.record_decision(time.time(), 0, {"workers": 2, "reason": "scale_up_forecast", "message": "start",
-                                           "level": 2, "need": 2, "forecast_upper": 900.0})
+                                           "target": 2, "forecast_peak": 900.0})
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "KALE_HOME": str(tmp_path), "KALE_DATABASE_URL": url}
     env.pop("KALE_CONFIG", None)

@@ -208,7 +208,7 @@ def test_without_stream_partitions_the_rates_come_from_the_metrics_source(tmp_pa
 
     gens = generations_at(tmp_path, timeout_s=0.5)
     EmbeddedStream(tmp_path / "s.db")  # a stream with no partitions
-    EmbeddedMetrics(gens.config.settings.database_url, seed=False).write_partition_rates(time.time(),
+    EmbeddedMetrics(gens.config.settings.database_url).write_partition_rates(time.time(),
                                                                                         {"a": 2.0, "b": 1.0})
     gens.rebalance("g1", 1)
     doc = gens.assignment("g1")

@@ -121,7 +121,7 @@ def test_the_shadow_param_overrides_the_configuration(home):
 
 def test_worker_count_sources_in_order(home):
     auto = make(home)
-    metrics = EmbeddedMetrics(auto.settings.database_url, seed=False)
+    metrics = EmbeddedMetrics(auto.settings.database_url)
     # nothing known
     assert observed_workers(NOW, pods=None, store=auto.state, metrics=metrics, fresh_s=120) == (None, "unknown")
     # recorded throughput observations
@@ -148,5 +148,5 @@ def test_a_dry_run_writes_nothing(home):
     from kale_airflow.metrics.embedded import MetricsError
 
     with pytest.raises(MetricsError, match="no traffic"):  # no traffic bin written either
-        EmbeddedMetrics(auto.settings.database_url, seed=False).traffic_history(1)
+        EmbeddedMetrics(auto.settings.database_url).traffic_history(1)
     assert auto.state.current_generation() is None

@@ -36,7 +36,7 @@ def test_backtest_uses_only_data_before_each_origin():
 
 def test_metrics_on_a_perfect_forecast():
     s = daily_series(days=10)
-    r = backtest(s, SeasonalNaiveForecaster(), horizon=12, test_days=1)
+    r = backtest(s, SeasonalNaiveForecaster(), horizon=12, test_days=1, adaptive=False)
     m = r.metrics
     assert m["mae"] == pytest.approx(0.0, abs=1e-6)
     np.testing.assert_allclose(r.forecasts["q90"], r.forecasts["actual"], rtol=1e-9)
@@ -76,3 +76,41 @@ def test_a_forecaster_that_chooses_reports_selected_and_its_candidates():
     m = backtest(s, Choosing(), 12, test_days=2).metrics
     assert m["selected"] == "seasonal" and m["candidates"] == {"seasonal": {"mase": 0.5}}
     assert "selected" not in backtest(s, SeasonalNaiveForecaster(), 12, test_days=2).metrics
+
+
+class BiasedLow(SeasonalNaiveForecaster):
+    """The seasonal baseline with every quantile 30 % too low (the mean left alone)."""
+
+    def forecast(self, history, horizon):
+        out = super().forecast(history, horizon)
+        cols = [c for c in out if c.startswith("q")]
+        out[cols] *= 0.7
+        return out
+
+
+def test_adaptive_calibration_brings_a_biased_forecaster_to_nominal_coverage_at_the_same_mase():
+    s = daily_series(days=5, noise=0.1, seed=3)
+    on = backtest(s, BiasedLow(), horizon=12, test_days=3).metrics
+    off = backtest(s, BiasedLow(), horizon=12, test_days=3, adaptive=False).metrics
+    assert off["coverage"] < 0.3 and on["coverage_unadjusted"] == off["coverage"]
+    assert 0.8 <= on["coverage"] <= 0.95  # the whole window, the first hours of learning included
+    assert 0.85 <= on["coverage_last_day"]["q90"] <= 0.95
+    assert on["mase"] == off["mase"] and on["smape"] == off["smape"]  # the mean is never adjusted
+    assert on["adaptive"] and not off["adaptive"] and "coverage_unadjusted" not in off
+    assert set(on["coverage_last_day"]) == {"q50", "q80", "q90"}
+
+
+def test_adaptive_calibration_learns_only_from_bins_before_each_origin():
+    s = daily_series(days=4, noise=0.1, seed=4)
+    a = backtest(s, BiasedLow(), horizon=12, test_days=1.5).forecasts
+    changed = s.copy()
+    k = len(s) - 150
+    changed.iloc[k:] *= 3  # everything from index k on
+    b = backtest(changed, BiasedLow(), horizon=12, test_days=1.5).forecasts
+    before = a["origin"] <= s.index[k]  # origin k forecasts bin k from bins before it
+    assert (a.loc[before, "q90"] != a.loc[before, "q90_unadjusted"]).any()  # the calibration is at work
+    pd.testing.assert_series_equal(a.loc[before, "q90"], b.loc[before, "q90"])
+    pd.testing.assert_series_equal(a.loc[before, "q50"], b.loc[before, "q50"])
+    after = a["origin"] > s.index[k + 12]
+    assert not np.allclose(a.loc[after, "q90"] / a.loc[after, "q90_unadjusted"],
+                           b.loc[after, "q90"] / b.loc[after, "q90_unadjusted"])

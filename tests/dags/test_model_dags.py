@@ -10,6 +10,7 @@ from kale_airflow.control.autoscaler import Autoscaler
 from kale_airflow.core.traffic import BUNDLED_TRACE, load_trace
 from kale_airflow.metrics.embedded import EmbeddedMetrics
 from kale_airflow.registry.mlflow_registry import FORECASTER_MODEL, THROUGHPUT_MODEL
+from tests.conftest import seed_simulated_throughput
 
 pytestmark = pytest.mark.slow
 
@@ -90,6 +91,8 @@ def asset_events(home) -> list:
 
 
 def test_throughput_refit_registers_and_promotes(airflow_home):
+    airflow_home.kale_home.mkdir(parents=True, exist_ok=True)
+    seed_simulated_throughput(f"sqlite:///{airflow_home.kale_home / 'kale.db'}")  # the simulator's profiled cluster
     run = airflow_home.run("kale_throughput_refit")
     assert run.state == "success", run.log[-3000:]
     uri = airflow_home.mlflow_uri
@@ -116,7 +119,7 @@ def test_throughput_refit_registers_and_promotes(airflow_home):
 
 def _store(home, values):
     idx = pd.date_range("2024-01-01", periods=len(values), freq="30min")
-    EmbeddedMetrics(home.kale_home / "kale.db", seed=False).write_traffic(pd.Series(values, index=idx))
+    EmbeddedMetrics(home.kale_home / "kale.db").write_traffic(pd.Series(values, index=idx))
 
 
 @pytest.mark.parametrize(
@@ -168,7 +171,7 @@ def test_retrain_trains_on_the_traffic_the_autoscaler_recorded(airflow_home):
     auto = Autoscaler(Config(env, dep), registry=object(), pods=list)
     for k in range(bins):  # one poke per bin: each records the bins that ended since the last
         auto.record_traffic(start + (k + 1) * bin_s)
-    recorded = EmbeddedMetrics(env.database_url, seed=False).traffic_history(3)
+    recorded = EmbeddedMetrics(env.database_url).traffic_history(3)
     # The first poke backfilled 11 empty bins before the traffic began: observed zeros, not gaps.
     first = start - 11 * bin_s
     assert recorded.index[0] == pd.Timestamp(first, unit="s") and len(recorded) == bins + 11

@@ -1,5 +1,5 @@
-"""The embedded metrics source, on SQLite and PostgreSQL: seeded on first use, every method
-round-trips, and traffic writes are idempotent upserts."""
+"""The embedded metrics source, on SQLite and PostgreSQL: opening it writes nothing, every
+method round-trips, and traffic writes are idempotent upserts."""
 
 from __future__ import annotations
 
@@ -8,12 +8,7 @@ import pandas as pd
 import pytest
 from sqlalchemy import func, select
 
-from kale_airflow.metrics.embedded import (
-    SEED_PARTITIONS,
-    EmbeddedMetrics,
-    MetricsError,
-    open_metrics,
-)
+from kale_airflow.metrics.embedded import EmbeddedMetrics, MetricsError, open_metrics
 from kale_airflow.store.schema import traffic
 
 
@@ -27,28 +22,18 @@ def traffic_rows(m: EmbeddedMetrics) -> int:
         return c.execute(select(func.count()).select_from(traffic)).scalar()
 
 
-def test_first_use_seeds_throughput_and_partition_rates_but_never_traffic(db_url):
+def test_opening_writes_nothing_and_the_errors_say_what_is_missing(db_url):
     m = open_metrics("embedded", db_url)
+    EmbeddedMetrics(db_url)  # opened again, as every component does
     with pytest.raises(MetricsError, match="no traffic"):  # traffic is only ever what was observed
-        m.traffic_history(3)
-    assert len(m.throughput_observations()) > 0
-    assert len(m.partition_rates()) == SEED_PARTITIONS
-    before = len(m.throughput_observations())
-    EmbeddedMetrics(db_url)  # a second open does not seed again
-    assert len(m.throughput_observations()) == before and len(m.partition_rates()) == SEED_PARTITIONS
-
-
-def test_seed_false_leaves_an_empty_store_with_errors_that_say_what_is_missing(db_url):
-    m = EmbeddedMetrics(db_url, seed=False)
-    with pytest.raises(MetricsError, match="no traffic"):
         m.traffic_history(1)
-    with pytest.raises(MetricsError, match="no partition rates"):
+    with pytest.raises(MetricsError, match="no partition rates"):  # so are partition rates
         m.partition_rates()
-    assert m.throughput_observations().empty
+    assert m.throughput_observations().empty  # and throughput: no simulated profile in any store
 
 
 def test_traffic_round_trips_with_missing_values(db_url):
-    m = EmbeddedMetrics(db_url, seed=False)
+    m = EmbeddedMetrics(db_url)
     s = series()
     s.iloc[10] = np.nan
     assert m.write_traffic(s) == len(s)
@@ -60,7 +45,7 @@ def test_traffic_round_trips_with_missing_values(db_url):
 
 
 def test_traffic_writes_are_idempotent_and_the_last_value_wins(db_url):
-    m = EmbeddedMetrics(db_url, seed=False)
+    m = EmbeddedMetrics(db_url)
     s = series()
     m.write_traffic(s)
     m.write_traffic(s)  # a replayed write changes nothing
@@ -73,7 +58,7 @@ def test_traffic_writes_are_idempotent_and_the_last_value_wins(db_url):
 
 
 def test_throughput_round_trips_and_clears(db_url):
-    m = EmbeddedMetrics(db_url, seed=False)
+    m = EmbeddedMetrics(db_url)
     assert m.write_throughput([1.0, 2.0, 3.0], [1, 2, 2], [100.0, 190.0, 195.5]) == 3
     obs = m.throughput_observations()
     assert obs.to_dict("list") == {"ts": [1.0, 2.0, 3.0], "workers": [1, 2, 2], "rate": [100.0, 190.0, 195.5]}
@@ -83,7 +68,7 @@ def test_throughput_round_trips_and_clears(db_url):
 
 
 def test_partition_rates_answer_the_latest_per_partition(db_url):
-    m = EmbeddedMetrics(db_url, seed=False)
+    m = EmbeddedMetrics(db_url)
     m.write_partition_rates(1.0, {"a": 10.0, "b": 20.0})
     m.write_partition_rates(2.0, {"a": 30.0})
     assert m.partition_rates() == {"a": 30.0, "b": 20.0}

@@ -33,7 +33,7 @@ def dag_folder(tmp_path):
 
 
 def test_assigns_each_generation_sticky_and_idempotent(airflow_home, dag_folder):
-    metrics = EmbeddedMetrics(airflow_home.kale_home / "kale.db", seed=False)
+    metrics = EmbeddedMetrics(airflow_home.kale_home / "kale.db")
     metrics.write_partition_rates(1.0, {"a": 900.0, "b": 50.0, "c": 30.0, "d": 20.0})
     r1 = airflow_home.run("rebalance_probe", {"workers": 4, "generation": "g1"}, dags=dag_folder)
     assert r1.state == "success", r1.log[-3000:]

@@ -111,7 +111,7 @@ def test_rendered_pods_obey_generations_report_and_never_overlap(deployment):
                                 "message": "start"}, run_id="run1")["generation"]
         generations.rebalance(g1, 2)
         first = start(g1)
-        metrics = EmbeddedMetrics(db, seed=False)
+        metrics = EmbeddedMetrics(db)
         wait_for(lambda: (metrics.throughput_observations()["workers"] == 2).any(), 180, "generation 1's throughput")
 
         g2 = generations.apply({"status": "scale", "current": 2, "workers": 3, "reason": "scale_up_forecast",

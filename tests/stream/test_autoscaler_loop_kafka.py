@@ -15,7 +15,7 @@ settings that are just as valid on Apache Kafka, where they are not needed:
   at most 49 records short per partition.
 
 The control plane is PostgreSQL (as in a deployment with Kafka); the configuration is the
-embedded test's (``LOOP_CONFIG``, with its lowered ``downtime_cost_factor``). The scenario itself (timings,
+embedded test's (``LOOP_CONFIG``, with its low price of lag). The scenario itself (timings,
 assertions) is the embedded test's function, imported, so the two cannot drift apart.
 Takes about 5-6 minutes on a loaded 2-core machine (Airflow ``dag.test`` runs dominate).
 """

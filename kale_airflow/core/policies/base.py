@@ -25,6 +25,7 @@ class Reason(str, Enum):
     HOLD_PENDING = "hold_pending"                # workers wait for capacity: asking for more cannot help
     SCALE_UP_FORECAST = "scale_up_forecast"
     SCALE_UP_SLO_RISK = "scale_up_slo_risk"
+    SCALE_UP_BACKLOG = "scale_up_backlog"        # a backlog drains sooner at more workers, and that pays
     SCALE_DOWN_FORECAST = "scale_down_forecast"
     SCALE_UP_METRIC = "scale_up_metric"          # reactive baselines (HPA, KEDA, Autopilot)
     SCALE_DOWN_METRIC = "scale_down_metric"
@@ -116,3 +117,12 @@ class Policy(Protocol):
 def ceil_int(x: float) -> int:
     """Ceiling that tolerates float noise (2.0000000001 -> 2)."""
     return int(math.ceil(x - 1e-9))
+
+
+def duration(seconds: float) -> str:  # pragma: no mutate block
+    """'45 s', '15 min' or '2 h' for decision messages."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:g} h"

@@ -1,0 +1,233 @@
+"""Kale's planner: the cheapest schedule of worker counts over a horizon.
+
+The problem, in GPU-seconds. Time is cut into steps (the forecast's bins). In each step
+``t`` a count ``m`` runs; it must keep up with the step's planned arrival rate ``r_t``
+(``capacity[m] >= r_t``), which, at the fluid level, holds the freshness SLO. A step
+that starts with a rescale from ``n`` pauses training for the downtime ``d``:
+
+- it holds ``max(n, m)`` GPUs during the pause (so ``(n - m)+ * d`` more than ``m``);
+- it loses that capacity, so ``m`` must still process the step's arrivals in the rest
+  of it (``capacity[m] * (L - d) >= r_t * L``);
+- the samples that arrive meanwhile wait: a backlog ``r d`` that ``m`` drains at
+  ``capacity[m] - r``, ``r d^2 c / (2 (c - r))`` sample-seconds of lag, charged at
+  ``lag_price`` GPU-seconds per sample-second.
+
+A count no step can keep up with (a burst past the fitted peak) leaves only the peak
+count feasible there. Minimising over schedules is a dynamic program over counts,
+``O(steps x counts)``: the transition cost depends on ``n - m`` only through
+``(n - m)+ * d``, so the cheapest move into or out of every count comes from one prefix
+and one suffix minimum (:func:`cheapest_moves`, :func:`cheapest_moves_from`), not a
+counts x counts table.
+
+Two users, one problem:
+
+- :func:`plan_first_move` (Kale, every decision): the first step starts from what is
+  measured now (count, backlog, age of the oldest sample) and follows the backlog
+  exactly; the steps after it are :func:`values_to_go` over the forecast;
+- :func:`offline_schedule` (the simulator's offline optimum): the same stage costs with
+  the true arrivals and the true curve over the whole window, from the policies' initial
+  count, without a lag price (it minimises GPU-hours subject to the SLO). The gap between
+  Kale and it is then forecast error, model error and the lag Kale pays for.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+INF = math.inf
+
+
+def _before(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(m, a)``: ``m[i] = min(x[:i])`` (inf at 0) and the index ``a[i]`` attaining it (-1 at 0)."""
+    run = np.minimum.accumulate(x)
+    arg = np.maximum.accumulate(np.where(x <= run, np.arange(len(x)), 0))
+    m = np.empty_like(x)
+    a = np.empty(len(x), dtype=np.int64)
+    m[0], a[0] = INF, -1
+    m[1:], a[1:] = run[:-1], arg[:-1]
+    return m, a
+
+
+def _after(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(m, a)``: ``m[i] = min(x[i+1:])`` (inf at the end) and its index (-1 at the end)."""
+    m, a = _before(x[::-1])
+    return m[::-1], np.where(a[::-1] >= 0, len(x) - 1 - a[::-1], -1)
+
+
+def cheapest_moves(g: np.ndarray, downtime_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """Forward: for every count ``i`` moved to, ``min over n != i of g[n] + (n - i)+ d``
+    (``g[n]`` the cost of having run ``n`` so far: a larger old count is held through the
+    pause), and the ``n`` attaining it."""
+    j = np.arange(len(g), dtype=float) * downtime_s
+    lo, lo_at = _before(g)
+    hi, hi_at = _after(g + j)
+    hi = hi - j
+    take_lo = lo <= hi
+    return np.where(take_lo, lo, hi), np.where(take_lo, lo_at, hi_at)
+
+
+def cheapest_moves_from(g: np.ndarray, jd: np.ndarray) -> np.ndarray:
+    """Backward: for every count ``i`` running now, ``min over m != i of g[m] + (i - m)+ d``
+    (``g[m]`` the cost of moving to ``m`` and going on from there; ``jd[m] = m * d``). The
+    planner's inner loop, so without arguments of the minima."""
+    out = np.empty_like(g)
+    out[:-1] = np.minimum.accumulate(g[::-1])[::-1][1:]   # up: the new, larger count is held
+    out[-1] = INF
+    down = np.empty_like(g)
+    down[0] = INF
+    down[1:] = np.minimum.accumulate(g - jd)[:-1] + jd[1:]  # down: the old count is held
+    return np.minimum(out, down)
+
+
+@dataclass(frozen=True)
+class Prices:
+    """What a schedule costs: the rescale pause and the price of lag (GPU-seconds per
+    sample-second), the smallest count allowed, and the freshness SLO a step that falls
+    short of its rate must hold."""
+
+    downtime_s: float
+    lag_price: float
+    min_workers: int
+    slo_s: float = math.inf
+
+
+def stage_costs(capacity: np.ndarray, rates: np.ndarray, length_s: float, prices: Prices) -> tuple[np.ndarray, np.ndarray]:
+    """``(stay, move)``, shape (steps, counts): the cost of running each count for a step of
+    ``length_s`` at each of ``rates``. A move must keep up in what the pause leaves of the
+    step, and pays the pause's lag (:func:`pause_lag`). Staying must keep up, or, with lag
+    priced, may fall short at the lag that costs while the SLO tolerates it. Where no
+    count keeps up, only the largest-capacity counts may run."""
+    n = np.arange(len(capacity), dtype=float)
+    allowed = n >= prices.min_workers
+    d = min(prices.downtime_s, length_s)
+    r = np.asarray(rates, dtype=float)[:, None]
+    c = capacity[None, :]
+    stay_ok = allowed & (c >= r * (1 - 1e-9))
+    move_ok = allowed & (c * (length_s - d) >= r * length_s * (1 - 1e-9))
+    peak = allowed & (capacity >= capacity[allowed].max())
+    stay_ok = np.where(stay_ok.any(axis=1, keepdims=True), stay_ok, peak)
+    move_ok = np.where(move_ok.any(axis=1, keepdims=True), move_ok, peak)
+    gpu = n * length_s
+    if not prices.lag_price:  # nothing priced: every step keeps up (the offline optimum)
+        return np.where(stay_ok, gpu, INF), np.where(move_ok, gpu + 0 * r, INF)
+    move = gpu + prices.lag_price * pause_lag(c, r, d)
+    # Falling a little short is allowed at the lag it costs: the queue grows over the step,
+    # (r - c) L^2 / 2, and is carried through the next, (r - c) L * L; the oldest sample
+    # ages (1 - c / r) L, at most half the SLO so that two short steps in a row still hold it.
+    short = np.maximum(r - c, 0.0)
+    aged = np.zeros(np.broadcast(c, r).shape)
+    np.divide(short * length_s, r, out=aged, where=r > 0)
+    stay_ok = stay_ok | (allowed & (aged <= prices.slo_s / 2))
+    stay = gpu + prices.lag_price * 1.5 * short * length_s ** 2
+    return np.where(stay_ok, stay, INF), np.where(move_ok, move, INF)
+
+
+def pause_lag(capacity: np.ndarray, rate, downtime_s: float) -> np.ndarray:
+    """Sample-seconds of lag a rescale's pause leaves at ``rate``, drained by each count's
+    capacity: the backlog grows to ``rate * d`` during the pause and falls at ``c - rate``
+    after it, ``rate d^2 c / (2 (c - rate))`` (0 where a count cannot drain it: such a move
+    is not allowed anyway)."""
+    spare = capacity - rate
+    lag = np.zeros(np.broadcast(capacity, rate).shape)
+    np.divide(rate * downtime_s ** 2 * capacity, 2.0 * spare, out=lag, where=spare > 0)
+    return lag
+
+
+def values_to_go(capacity: np.ndarray, rates: np.ndarray, step_s: float, prices: Prices) -> np.ndarray:
+    """``V[n]``: the cheapest cost of the steps at ``rates`` (planned samples/s per step)
+    for a count ``n`` running when they begin (backward dynamic program, no cost after the
+    last step)."""
+    stay, move = stage_costs(capacity, rates, step_s, prices)
+    jd = np.arange(len(capacity), dtype=float) * prices.downtime_s
+    value = np.zeros(len(capacity))
+    for t in range(len(rates) - 1, -1, -1):
+        value = np.minimum(stay[t] + value, cheapest_moves_from(move[t] + value, jd))
+    return value
+
+
+@dataclass(frozen=True)
+class Start:
+    """What is measured when the plan starts: the count running (0: none), the backlog in
+    samples, the age of the oldest unprocessed sample, and the rate the first step plans for."""
+
+    workers: int
+    backlog: float
+    freshness_s: float
+    rate: float
+
+
+@dataclass(frozen=True)
+class FirstStep:
+    """The first step's cost of every count (``cost``: GPU-seconds plus priced lag, the
+    steps after it included through ``values``), whether it holds the SLO (``slo_ok``),
+    the age of the oldest sample it reaches (``freshness_s``) and its backlog at the end."""
+
+    cost: np.ndarray
+    slo_ok: np.ndarray
+    freshness_s: np.ndarray
+    backlog: np.ndarray
+
+
+def first_step(capacity: np.ndarray, start: Start, length_s: float, next_rate: float, rest_s: float,
+               values: np.ndarray, prices: Prices, slo_s: float) -> FirstStep:
+    """Every count's cost from the measured start over a first step of ``length_s``,
+    following the backlog exactly (fluid, first in first out): a move pauses for the
+    downtime, during which the backlog grows; then the count drains it at its spare
+    capacity. What is still queued at the end is charged as drained at the next step's
+    spare capacity (``next_rate``), or as growing over ``rest_s`` where it cannot be. The
+    oldest sample ages one second per second while nothing trains and
+    ``1 - capacity / rate`` while too little does; it must stay within ``slo_s``, and a
+    queue left that the count cannot drain at the next step's rate breaks the SLO sooner or
+    later (its age is infinite)."""
+    n = np.arange(len(capacity), dtype=float)
+    c, r, b0 = capacity, start.rate, start.backlog
+    pause = np.where(n != start.workers, min(prices.downtime_s, length_s), 0.0)
+    queued = b0 + r * pause                               # backlog when training resumes
+    run = length_s - pause
+    spare = c - r
+    t_drain = np.full(len(c), INF)
+    np.divide(queued, spare, out=t_drain, where=spare > 0)
+    drained = t_drain <= run
+    end = np.where(drained, 0.0, queued - spare * run)
+    lag = pause * (b0 + queued) / 2.0 + np.where(drained, queued * np.minimum(t_drain, run) / 2.0, run * (queued + end) / 2.0)
+    if end.any():
+        spare_next = c - next_rate
+        tail = end * rest_s - spare_next * rest_s ** 2 / 2.0   # still growing after the step
+        np.divide(end ** 2, 2.0 * spare_next, out=tail, where=spare_next > 0)
+        lag = lag + np.where(end > 0, tail, 0.0)
+    behind = np.maximum(1.0 - c / r, 0.0) if r > 0 else 0.0
+    fresh = np.where(queued > 0, (start.freshness_s if b0 > 0 else 0.0) + pause, 0.0) + run * behind
+    if end.any():  # a queue the count cannot drain at the next step's rate grows until the SLO breaks
+        fresh = np.where((end > 0) & (c < next_rate), INF, fresh)
+    gpu = n * length_s + np.maximum(start.workers - n, 0.0) * pause
+    cost = np.where(n >= prices.min_workers, gpu + prices.lag_price * lag + values, INF)
+    return FirstStep(cost, fresh <= slo_s, fresh, end)
+
+
+def offline_schedule(arrivals: np.ndarray, capacity: np.ndarray, step_s: float, prices: Prices,
+                     initial_workers: int) -> tuple[float, int]:
+    """The cheapest schedule for known arrivals (samples per step) from ``initial_workers``:
+    ``(GPU-seconds, rescales)``. Forward dynamic program over the same stage costs as the
+    planner, with back pointers to count the rescales."""
+    value = np.full(len(capacity), INF)
+    value[initial_workers] = 0.0
+    back = np.empty((len(arrivals), len(capacity)), dtype=np.int16)
+    stay_all, move_all = stage_costs(capacity, np.asarray(arrivals, dtype=float) / step_s, step_s, prices)
+    for j in range(len(arrivals)):
+        moved, src = cheapest_moves(value, prices.downtime_s)
+        moved = moved + move_all[j]
+        stayed = value + stay_all[j]
+        take = moved < stayed
+        back[j] = np.where(take, src, -1)
+        value = np.where(take, moved, stayed)
+    best = int(np.argmin(value))
+    rescales, state = 0, best
+    for j in range(len(arrivals) - 1, -1, -1):
+        k = back[j, state]
+        if k >= 0:
+            rescales += 1
+            state = int(k)
+    return float(value[best]), rescales

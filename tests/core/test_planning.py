@@ -1,0 +1,192 @@
+"""The planning problem's pieces against brute force and a fine-grained fluid simulation."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kale_airflow.core.planning import (
+    Prices,
+    Start,
+    cheapest_moves,
+    cheapest_moves_from,
+    first_step,
+    offline_schedule,
+    pause_lag,
+    stage_costs,
+    values_to_go,
+)
+
+CAP = np.array([0.0, 100.0, 190.0, 270.0, 340.0])  # diminishing returns, index = workers
+STEP, D = 300.0, 90.0
+
+
+def schedule_cost(schedule, start, rates, cap, prices, step=STEP):
+    """The documented cost of one schedule, step by step (inf if a step cannot keep up)."""
+    total, n = 0.0, start
+    peak = cap[prices.min_workers:].max()
+    for m, r in zip(schedule, rates):
+        if m < prices.min_workers:
+            return math.inf
+        nothing_keeps_up = not any(cap[k] >= r for k in range(prices.min_workers, len(cap)))
+        if m == n:
+            short = max(r - cap[m], 0.0)
+            if prices.lag_price and short / r * step <= prices.slo_s / 2:  # a shortfall the SLO tolerates
+                total += m * step + prices.lag_price * 1.5 * short * step ** 2
+                n = m
+                continue
+            if cap[m] < r and not (nothing_keeps_up and cap[m] >= peak):
+                return math.inf
+            total += m * step
+        else:
+            d = min(prices.downtime_s, step)
+            nothing_moves = not any(cap[k] * (step - d) >= r * step for k in range(prices.min_workers, len(cap)))
+            if cap[m] * (step - d) < r * step and not (nothing_moves and cap[m] >= peak):
+                return math.inf
+            total += m * step + max(n - m, 0) * d
+            if prices.lag_price and cap[m] > r:
+                total += prices.lag_price * r * d * d * cap[m] / (2 * (cap[m] - r))
+        n = m
+    return total
+
+
+RATE_CASES = {
+    "steady": [150.0, 150.0, 150.0],
+    "rise": [80.0, 180.0, 260.0],
+    "dip": [260.0, 50.0, 260.0],
+    "fall": [330.0, 150.0, 20.0],
+    "burst past the peak": [100.0, 500.0, 100.0],
+}
+
+
+@pytest.mark.parametrize("lag_price", [0.0, 0.05], ids=["gpu only", "lag priced"])
+@pytest.mark.parametrize("rates", RATE_CASES.values(), ids=RATE_CASES.keys())
+def test_values_to_go_is_the_cheapest_schedule_from_every_count(rates, lag_price):
+    prices = Prices(D, lag_price, 1, slo_s=300.0)
+    value = values_to_go(CAP, np.array(rates), STEP, prices)
+    for start in range(1, len(CAP)):
+        brute = min(schedule_cost(s, start, rates, CAP, prices) for s in itertools.product(range(len(CAP)), repeat=3))
+        assert value[start] == pytest.approx(brute), start
+
+
+@pytest.mark.parametrize("rates", RATE_CASES.values(), ids=RATE_CASES.keys())
+def test_offline_schedule_is_the_cheapest_schedule_and_counts_its_rescales(rates):
+    prices = Prices(D, 0.0, 1)
+    arrivals = np.array(rates) * STEP
+    gpu_s, rescales = offline_schedule(arrivals, CAP, STEP, prices, 2)
+    costs = {s: schedule_cost(s, 2, rates, CAP, prices) for s in itertools.product(range(len(CAP)), repeat=3)}
+    best = min(costs.values())
+    assert gpu_s == pytest.approx(best)
+    optimal = [s for s, c in costs.items() if c == pytest.approx(best)]
+    assert rescales in {sum(a != b for a, b in zip((2,) + s, s)) for s in optimal}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0, 1e4), min_size=2, max_size=9), st.floats(0, 100))
+def test_cheapest_moves_match_brute_force_in_both_directions(g, d):
+    g = np.array(g)
+    jd = np.arange(len(g)) * d
+    fwd, src = cheapest_moves(g, d)
+    back = cheapest_moves_from(g, jd)
+    for i in range(len(g)):
+        others = [j for j in range(len(g)) if j != i]
+        assert fwd[i] == pytest.approx(min(g[j] + max(j - i, 0) * d for j in others))
+        assert g[src[i]] + max(src[i] - i, 0) * d == pytest.approx(fwd[i]) and src[i] != i
+        assert back[i] == pytest.approx(min(g[j] + max(i - j, 0) * d for j in others))
+
+
+def test_stage_costs_stay_must_keep_up_and_a_move_must_keep_up_after_its_pause():
+    stay, move = stage_costs(CAP, np.array([180.0]), STEP, Prices(D, 0.0, 1))
+    assert list(np.isfinite(stay[0])) == [False, False, True, True, True]  # 190 >= 180
+    # a move loses 90 of 300 s: 2 workers process 190 * 210 < 180 * 300; 3 do (270 * 210)
+    assert list(np.isfinite(move[0])) == [False, False, False, True, True]
+    assert stay[0][3] == move[0][3] == 3 * STEP
+
+
+def test_stage_costs_below_min_workers_and_past_the_peak():
+    stay, _ = stage_costs(CAP, np.array([10.0]), STEP, Prices(D, 0.0, 2))
+    assert not np.isfinite(stay[0][1]) and np.isfinite(stay[0][2])
+    stay, move = stage_costs(CAP, np.array([1000.0]), STEP, Prices(D, 0.0, 1))
+    assert list(np.isfinite(stay[0])) == list(np.isfinite(move[0])) == [False, False, False, False, True]
+
+
+def fluid(cap_rate, rate, backlog, freshness, pause, length, dt=0.01):
+    """Integrate backlog, lag and the oldest sample's age (first in, first out) numerically."""
+    lag, t, b, age = 0.0, 0.0, backlog, freshness if backlog > 0 else 0.0
+    worst = age
+    while t < length - 1e-12:
+        c = 0.0 if t < pause else cap_rate
+        before = b
+        b = max(0.0, b + (rate - c) * dt)
+        lag += (before + b) / 2 * dt
+        if b > 0:
+            age = age + dt if c == 0 else age + dt * (1 - c / rate) if rate > 0 else age
+            age = max(age, 0.0)
+        else:
+            age = 0.0
+        worst = max(worst, age)
+        t += dt
+    return lag, b, worst
+
+
+@pytest.mark.parametrize("workers,backlog,freshness,rate", [
+    (2, 0.0, 0.0, 150.0),     # a move pauses: the backlog of the pause, then drained
+    (2, 5e4, 60.0, 150.0),    # a backlog to drain, staying or moving
+    (3, 2e4, 30.0, 300.0),    # the running count falls behind
+    (4, 0.0, 0.0, 0.0),       # an idle stream
+], ids=["pause only", "backlog", "falling behind", "idle"])
+def test_first_step_follows_the_backlog_like_a_fluid_simulation(workers, backlog, freshness, rate):
+    length, prices = 400.0, Prices(D, 1e-3, 1)
+    fs = first_step(CAP, Start(workers, backlog, freshness, rate), length, rate, 600.0, np.zeros(len(CAP)), prices,
+                    slo_s=300.0)
+    for m in range(1, len(CAP)):
+        pause = D if m != workers else 0.0
+        lag, end, worst = fluid(CAP[m], rate, backlog, freshness, pause, length)
+        assert fs.backlog[m] == pytest.approx(end, rel=1e-3, abs=1.0)
+        if end <= 1.0:  # drained within the step: the cost is GPU plus priced lag
+            gpu = m * length + max(workers - m, 0) * pause
+            assert fs.cost[m] == pytest.approx(gpu + prices.lag_price * lag, rel=1e-3, abs=0.5)
+        if end > 1.0 and CAP[m] <= rate:  # a queue that can only grow breaks the SLO sooner or later
+            assert fs.freshness_s[m] == math.inf
+        else:
+            assert fs.freshness_s[m] == pytest.approx(worst, abs=0.5)
+        assert fs.slo_ok[m] == (fs.freshness_s[m] <= 300.0)
+    assert not np.isfinite(fs.cost[0])
+
+
+def test_first_step_charges_what_is_left_queued_at_the_next_steps_spare_capacity():
+    prices = Prices(D, 1e-3, 1)
+    fs = first_step(CAP, Start(1, 1e5, 100.0, 90.0), 300.0, 90.0, 600.0, np.zeros(len(CAP)), prices, 300.0)
+    end = fs.backlog[1]  # one worker drains 10/s: most of the backlog is left
+    assert end == pytest.approx(1e5 - 10 * 300)
+    lag_in_step = 300 * (1e5 + end) / 2
+    assert fs.cost[1] == pytest.approx(300 + prices.lag_price * (lag_in_step + end ** 2 / (2 * 10)))
+
+
+def test_pause_lag_matches_the_fluid_simulation():
+    for c, r in [(190.0, 150.0), (340.0, 100.0)]:
+        lag, _, _ = fluid(c, r, 0.0, 0.0, D, 2000.0)
+        assert pause_lag(np.array([c]), r, D)[0] == pytest.approx(lag, rel=1e-3)
+    assert pause_lag(np.array([100.0]), 150.0, D)[0] == 0.0  # cannot drain: such a move is refused anyway
+
+
+def test_with_lag_priced_a_step_may_fall_short_by_what_half_the_slo_tolerates():
+    prices = Prices(D, 1e-3, 1, slo_s=300.0)
+    stay, _ = stage_costs(CAP, np.array([210.0]), STEP, prices)
+    # 2 workers (190/s) age the oldest sample 20/210 x 300 = 29 s: allowed, at the lag it costs;
+    # 1 worker (100/s) ages it 157 s, beyond half the SLO: refused.
+    assert stay[0][2] == pytest.approx(2 * STEP + prices.lag_price * 1.5 * 20.0 * STEP ** 2)
+    assert not np.isfinite(stay[0][1])
+    assert stay[0][3] == 3 * STEP  # keeping up costs no lag
+    unpriced, _ = stage_costs(CAP, np.array([210.0]), STEP, Prices(D, 0.0, 1, slo_s=300.0))
+    assert not np.isfinite(unpriced[0][2])  # the offline optimum keeps up in every step
+
+
+def test_a_queue_that_keeps_growing_breaks_the_slo_even_past_a_short_horizon():
+    # One worker (100/s) at 300/s falls behind; the horizon after the step is only 30 s, but
+    # the queue never drains, so the oldest sample passes the SLO sooner or later.
+    fs = first_step(CAP, Start(0, 0.0, 0.0, 300.0), 10.0, 300.0, 30.0, np.zeros(len(CAP)), Prices(1.0, 1e-3, 1), 300.0)
+    assert not fs.slo_ok[1] and fs.slo_ok[4]  # 4 workers (340/s) keep up
