@@ -42,6 +42,7 @@ from kale_airflow.core.policies.kale import KaleConfig
 from kale_airflow.core.simulator import ALL_POLICIES, BASELINE_GRID, SimConfig, best_variant, simulate
 from kale_airflow.core.cluster import cluster_preset
 from kale_airflow.core.traffic import load_trace
+from kale_airflow.reporting.docs import engine_table, rules_table
 from kale_airflow.reporting.results import write_json
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -206,56 +207,6 @@ def print_speed(sp: dict) -> dict:
     return sp
 
 
-NAMES = {"nyc_taxi_30min": "NYC taxi, 30 min", "nasa_http_jul1995_1min": "NASA HTTP, 1 min",
-         "twitter_volume_AMZN_5min": "Twitter AMZN, 5 min", "twitter_volume_FB_5min": "Twitter FB, 5 min"}
-
-
-def readme_table(report: dict) -> str:
-    """The README's Results table, from the JSON this benchmark writes."""
-    head = ("| trace, cluster, window (days) | lag / best HPA | downtime / best HPA | Kale SLO viol. "
-            "(clairvoyant) | GPU-h / best Autopilot (its SLO viol.) | GPU-h / clairvoyant | GPU-h / offline opt. "
-            "| rescales / day | targets met |")
-    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
-    for key, doc in report["runs"].items():
-        trace, cluster, window = key.split("|")
-        p, best = doc["policies"], doc["best"]
-        k, c = p["kale"], p["oracle"]
-        h, a = p[best["hpa"]], p[best["autopilot"]]
-        days = doc["evaluation"]["days"]
-        checks = doc["checks"]
-        lag = next(ch for ch in checks if "lag" in ch["name"])
-        lag_txt = f"{k['accumulated_lag'] / h['accumulated_lag']:.3f}"
-        if "excess" in lag["name"]:
-            lag_txt += f" (excess {lag['value']:.2f})"
-        lines.append(
-            f"| {NAMES.get(trace, trace)}, {cluster}, {window.replace('_', ' ')} ({days:.1f}) "
-            f"| {lag_txt} `{best['hpa']}` | {k['downtime_s'] / h['downtime_s']:.3f} "
-            f"| {k['slo_violation_rate'] * PT:.2f} % ({c['slo_violation_rate'] * PT:.2f} %) "
-            f"| {k['gpu_hours'] / a['gpu_hours']:.3f} `{best['autopilot']}` ({a['slo_violation_rate'] * PT:.2f} %) "
-            f"| {k['gpu_hours'] / c['gpu_hours']:.3f} | {k['gpu_hours'] / doc['limits']['offline_optimal_gpu_hours']:.3f} "
-            f"| {k['rescales'] / days:.0f} | {sum(ch['pass'] for ch in checks)}/{len(checks)} |")
-    return "\n".join(lines)
-
-
-def rules_table(report: dict) -> str:
-    """Kale's planner against the rules it replaced (``kale-rules``), row by row, from the JSON."""
-    head = ("| trace, cluster, window | GPU-h / offline opt. (rules) | lag / best HPA (rules) "
-            "| SLO viol. (rules) | rescales / day (rules) |")
-    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
-    for key, doc in report["runs"].items():
-        trace, cluster, window = key.split("|")
-        p, best = doc["policies"], doc["best"]
-        k, r, h = p["kale"], p["kale-rules"], p[best["hpa"]]
-        off, days = doc["limits"]["offline_optimal_gpu_hours"], doc["evaluation"]["days"]
-        lines.append(
-            f"| {NAMES.get(trace, trace)}, {cluster}, {window.replace('_', ' ')} "
-            f"| {k['gpu_hours'] / off:.3f} ({r['gpu_hours'] / off:.3f}) "
-            f"| {k['accumulated_lag'] / h['accumulated_lag']:.3f} ({r['accumulated_lag'] / h['accumulated_lag']:.3f}) "
-            f"| {k['slo_violation_rate'] * PT:.2f} % ({r['slo_violation_rate'] * PT:.2f} %) "
-            f"| {k['rescales'] / days:.0f} ({r['rescales'] / days:.0f}) |")
-    return "\n".join(lines)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--traces", default=str(ROOT.parent / "shared" / "data" / "traces"), help="folder of trace CSVs")
@@ -271,7 +222,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.readme:
         report = json.loads(Path(args.json).read_text())
-        print(readme_table(report) + "\n\n" + rules_table(report))
+        print(engine_table(report) + "\n\n" + rules_table(report))
         return 0
     if args.speed_only:
         report = json.loads(Path(args.json).read_text())
@@ -321,7 +272,7 @@ def main() -> int:
     report["speed"] = print_speed(speed(next((p for p in paths if "nyc" in p.name), paths[0]), kale))
     report["wall_s"] = round(time.perf_counter() - started, 1)
     write_json(args.json, report)
-    print("\n" + readme_table(report) + "\n\n" + rules_table(report))
+    print("\n" + engine_table(report) + "\n\n" + rules_table(report))
     return 0
 
 

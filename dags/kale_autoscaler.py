@@ -27,8 +27,11 @@ DOC = """
    completes when the stabilized decision differs from the running worker count (or
    after `max_polls`, with a hold).
 2. **scale_workers** (`ScaleWorkersOperator`): supersedes the running generation (its
-   workers checkpoint and exit) and names the new one; idempotent.
-3. **start_generation**: triggers `kale_training` with `{workers, generation}`.
+   workers checkpoint and exit) and names the new one, in one compare-and-set transaction
+   against the generation the decision saw; a retry returns the generation its first try
+   made, to be started if no training run has started it yet.
+3. **start_generation**: triggers `kale_training` with `{workers, generation}`, under a run
+   id made of this run's and the generation's, so a retry never starts a second run.
 
 **Shadow mode** (`shadow: true` in the deployment file, or the `shadow` param of a run):
 decisions are recorded with `applied: false` next to the worker count that actually ran
@@ -78,6 +81,9 @@ def kale_autoscaler():
         trigger_dag_id="kale_training",
         conf={"workers": "{{ ti.xcom_pull(task_ids='scale_workers')['workers'] }}",
               "generation": "{{ ti.xcom_pull(task_ids='scale_workers')['generation'] }}"},
+        # One training run per generation: a retry of this task finds the run it made.
+        trigger_run_id="{{ run_id }}__{{ ti.xcom_pull(task_ids='scale_workers')['generation'] }}",
+        skip_when_already_exists=True,
         doc_md="One `kale_training` run per generation of workers.",
     )
     changed(applied.output) >> start

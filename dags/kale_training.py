@@ -24,6 +24,8 @@ Triggered by `kale_autoscaler` with `{workers, generation}` (or by hand).
    - `local` (embedded default): **start_local_workers** launches the generation's
      `torch.distributed` job (one process per rank, one supervisor restarting the whole job
      when a rank dies); it trains until a newer generation supersedes it.
+   Starting the workers claims the generation for this run: another run of the same
+   generation is refused (two jobs would train the same slices).
    - `kubernetes`: **worker_pods**, one mapped `KubernetesPodOperator` GPU pod per worker
      (GPU limit, node selector, tolerations, checkpoint PVC, non-root, `KALE_DATABASE_URL`
      from a Secret); a pod ends when its worker sees a newer generation, checkpoints and
@@ -74,17 +76,22 @@ def kale_training():
 
     @task(doc_md="Start local worker processes (embedded default); they outlive this task.")
     def start_local_workers(summary: dict) -> list[int]:
+        from airflow.sdk import get_current_context
+
         from kale_airflow.config import load_config
         from kale_airflow.control.generations import Generations
 
-        return Generations(load_config()).start_local(summary["generation"])
+        # The run claims the generation: the autoscaler's retries then know it was started.
+        return Generations(load_config()).start_local(summary["generation"], get_current_context()["run_id"])
 
     @task(doc_md="Worker command lines for the pods, one per worker.")
     def worker_args(summary: dict) -> list[list[str]]:
+        from airflow.sdk import get_current_context
+
         from kale_airflow.config import load_config
         from kale_airflow.control.generations import Generations
 
-        return Generations(load_config()).pod_arguments(summary["generation"])
+        return Generations(load_config()).pod_arguments(summary["generation"], get_current_context()["run_id"])
 
     summary = rebalance.output
     choice = backend()

@@ -83,9 +83,31 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class PostgresServer:
+    """The session's PostgreSQL server: its URL, and ``stop()``/``start()`` (pg_ctl) for tests
+    of what an outage does; a test that stops it starts it again before it ends."""
+
+    def __init__(self, run, pg_ctl: str, data: Path, log: Path, options: str, url: str):
+        self._run, self.pg_ctl, self.data, self.log, self.options, self.url = run, pg_ctl, data, log, options, url
+
+    def stop(self) -> None:
+        """``pg_ctl stop -m fast``: connections are cut, new ones refused, until :meth:`start`."""
+        self._run(self.pg_ctl, "-D", str(self.data), "-m", "fast", "-w", "stop")
+
+    def start(self) -> None:
+        """``pg_ctl start`` on the same port and data folder; returns once it accepts connections."""
+        self._run(self.pg_ctl, "-D", str(self.data), "-l", str(self.log), "-w", "-o", self.options, "start")
+
+
 @pytest.fixture(scope="session")
-def postgres_url():
-    """A throwaway PostgreSQL server for the session: ``postgresql://postgres@127.0.0.1:PORT/kale``.
+def postgres_url(postgres_server):
+    """The session's PostgreSQL server: ``postgresql://postgres@127.0.0.1:PORT/kale``."""
+    return postgres_server.url
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A throwaway PostgreSQL server for the session (a :class:`PostgresServer`).
 
     initdb refuses to run as root, so as root the server runs as the ``postgres`` user (or
     ``nobody``) in a folder it owns; the folder lives under /tmp because pytest's own tmp
@@ -118,14 +140,15 @@ def postgres_url():
             pytest.fail(f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}\n{server_log}", pytrace=False)
 
     run(initdb, "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8")
-    run(pg_ctl, "-D", str(data), "-l", str(log), "-w", "-o",
-        f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c max_connections=300 -c fsync=off", "start")
+    server = PostgresServer(run, pg_ctl, data, log, f"-p {port} -k {root} -c listen_addresses=127.0.0.1 "
+                            "-c max_connections=300 -c fsync=off", f"postgresql://postgres@127.0.0.1:{port}/kale")
+    server.start()
     try:
         import psycopg
 
         with psycopg.connect(f"host=127.0.0.1 port={port} user=postgres dbname=postgres", autocommit=True) as c:
             c.execute("CREATE DATABASE kale")
-        yield f"postgresql://postgres@127.0.0.1:{port}/kale"
+        yield server
     finally:
         subprocess.run([*prefix, pg_ctl, "-D", str(data), "-m", "fast", "-w", "stop"], capture_output=True, check=False)
         shutil.rmtree(root, ignore_errors=True)

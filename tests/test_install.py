@@ -56,8 +56,13 @@ for module in ("torch", "neuralprophet"):
     except KaleFailure as exc:
         needs[module] = str(exc)
 
+import tempfile
+from kale_airflow.store import StateStore, migrate
+StateStore("sqlite:///" + tempfile.mkdtemp() + "/kale.db")  # created at the head from the wheel's migrations
+revisions = list(migrate.known_revisions())
+
 print("RESULT" + json.dumps({
-    "unmet": unmet, "errors": {k: str(v) for k, v in bag.import_errors.items()}, "dags": sorted(bag.dag_ids),
+    "revisions": revisions, "unmet": unmet, "errors": {k: str(v) for k, v in bag.import_errors.items()}, "dags": sorted(bag.dag_ids),
     "plugin": KalePlugin.name, "provider": get_provider_info()["package-name"], "package": kale_airflow.__file__,
     "heavy_loaded": sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "neuralprophet", "statsforecast")),
     "heavy_findable": [m for m in ("torch", "neuralprophet", "statsforecast") if importlib.util.find_spec(m)],
@@ -126,6 +131,7 @@ def test_wheel_without_extras_imports_every_dag_and_the_plugin(tmp_path):
     assert line, out.stdout[-3000:] + out.stderr[-3000:]
     res = json.loads(line[len("RESULT"):])
     assert res["unmet"] == []  # every requirement of the light install is there
+    assert res["revisions"] == ["0001", "0002"]  # the schema migrations ship in the wheel
     assert res["errors"] == {}
     assert res["dags"] == ["kale_autoscaler", "kale_forecaster_retrain", "kale_throughput_refit", "kale_training"]
     assert res["plugin"] == "kale" and res["provider"] == "kale-airflow"

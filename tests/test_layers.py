@@ -1,4 +1,4 @@
-"""The layers stay as the README's "Architecture" section draws them.
+"""The layers stay as docs/airflow.md's "Architecture" section draws them.
 
 - ``core`` is pure: no Airflow, Kubernetes, MLflow, NeuralProphet, torch or network
   imports, and nothing of ours outside ``core``;

@@ -10,11 +10,12 @@ import sys
 from pathlib import Path
 
 from kale_airflow import __version__
+from kale_airflow.cli.db import add_db
 from kale_airflow.cli.ops import add_ops
 from kale_airflow.cli.profile import add_profile
 from kale_airflow.core.errors import KaleError
 from kale_airflow.core.forecast import forecaster_names
-from kale_airflow.core.simulator import ALL_POLICIES, VARIANTS, SimConfig, simulate
+from kale_airflow.core.simulator import ALL_POLICIES, CANDIDATES, VARIANTS, SimConfig, simulate
 from kale_airflow.core.traffic import BUNDLED_TRACE, load_trace
 from kale_airflow.reporting.results import write_json
 from kale_airflow.reporting.tables import format_table
@@ -24,10 +25,11 @@ log = logging.getLogger("kale")
 
 def _policies(text: str) -> tuple[str, ...]:
     names = tuple(p.strip() for p in text.split(",") if p.strip())
-    unknown = [p for p in names if p not in ALL_POLICIES and p not in VARIANTS]
+    unknown = [p for p in names if p not in ALL_POLICIES and p not in VARIANTS and p not in CANDIDATES]
     if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown policy {unknown or text!r}; choose from {','.join(ALL_POLICIES)} "
-                                         f"or a baseline variant ({','.join(VARIANTS)})")
+        raise argparse.ArgumentTypeError(f"unknown policy {unknown or text!r}; choose from {','.join(ALL_POLICIES)}, "
+                                         f"a named candidate ({','.join(CANDIDATES)}) or a baseline variant "
+                                         f"({','.join(VARIANTS)})")
     return names
 
 
@@ -167,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log decisions and repairs")
     parser.add_argument("--version", action="version", version=f"kale-airflow {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_simulate, _add_forecast, _add_rebalance, _add_demo, add_ops, add_profile):
+    for add in (_add_simulate, _add_forecast, _add_rebalance, _add_demo, add_ops, add_profile, add_db):
         add(sub)
     return parser
 

@@ -71,14 +71,17 @@ def _champions(uri: str) -> list[dict] | str:
                                 "review": mv.tags.get("kale.review", "")})
         return out
     except Exception as exc:  # noqa: BLE001 - status reports what it cannot reach, it does not fail
-        return f"MLflow unreachable: {str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__}"
+        from kale_airflow.store.database import masked
+
+        return f"MLflow unreachable: {masked(str(exc).splitlines()[0][:300]) if str(exc) else type(exc).__name__}"
 
 
 def status(now: float | None = None, decisions: int = STATUS_DECISIONS, models: bool = True) -> dict:
-    """Everything ``kale status`` prints, as a dict."""
+    """Everything ``kale status`` prints, as a dict, with every credential in it masked."""
     from kale_airflow.config import ConfigError, load_config, settings
     from kale_airflow.control.shadow import SHADOW_WINDOW, compare
     from kale_airflow.store import StateStore
+    from kale_airflow.store.database import masked_values
 
     now = time.time() if now is None else now
     env = settings()
@@ -115,7 +118,7 @@ def status(now: float | None = None, decisions: int = STATUS_DECISIONS, models: 
     doc["shadow"] = compare(shadow, dep.kubernetes.gpus_per_worker if dep and dep.worker_backend == "kubernetes"
                             else 1, poll, dep.slo_s if dep else None) if shadow else None
     doc["models"] = _champions(env.mlflow_uri) if models else "not asked"
-    return doc
+    return masked_values(doc)  # recorded messages come from other processes and versions: mask them here too
 
 
 def _when(ts: float | None) -> str:
@@ -178,6 +181,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_decide(args: argparse.Namespace) -> int:
     """One observation and decision; nothing recorded, nothing applied."""
     from kale_airflow.control.autoscaler import Autoscaler
+    from kale_airflow.store.database import masked_values
 
     auto = Autoscaler.from_environment()
     decision, obs = auto.poke(record=False)
@@ -186,6 +190,7 @@ def cmd_decide(args: argparse.Namespace) -> int:
                            "freshness_lag_s": obs.freshness_lag_s, "throughput": obs.throughput,
                            "rescaling": obs.rescaling},
            "decision": decision.to_dict(), "models": auto.versions, "model_error": auto.model_error}
+    doc = masked_values(doc)
     if args.json:
         print(json.dumps(doc, indent=2, default=str))
         return 0
@@ -195,11 +200,11 @@ def cmd_decide(args: argparse.Namespace) -> int:
 
     print(f"observed: {obs.workers} worker(s) ({auto.workers_source}), arrivals {num(obs.arrival_rate)} samples/s, "
           f"backlog {num(obs.backlog, '{:,.0f}')}, freshness lag {num(obs.freshness_lag_s)} s")
-    if auto.model_error:
-        print(f"models: {auto.model_error}")
+    if doc["model_error"]:
+        print(f"models: {doc['model_error']}")
     elif auto.versions:
         print(f"models: forecaster v{auto.versions[0]}, throughput model v{auto.versions[1]}")
-    d = decision.to_dict()
+    d = doc["decision"]
     print(f"decision: {obs.workers} -> {d['workers']} ({d['reason']}) {d['message']}")
     print("dry run: nothing recorded, nothing applied")
     return 0

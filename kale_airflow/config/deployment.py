@@ -13,7 +13,7 @@ defaults for the embedded default. The Helm chart renders the same file into a C
     slo_s: 300
     rescale_downtime_s: 90
     poll_interval_s: 15
-    kale: {lookahead_s: 3600, forecast_quantile: 0.8}   # any KaleConfig field (defaults: 900, 0.5)
+    kale: {horizon_s: 3600, forecast_quantile: 0.8}     # any KaleConfig field (docs/configuration.md)
     kubernetes: {image: ..., namespace: kale-training, gpus_per_worker: 1}
     worker_device: auto                           # or cpu, cuda; worker_amp: true for bf16 on CUDA
 
@@ -26,16 +26,28 @@ from __future__ import annotations
 import dataclasses
 import typing
 from functools import cached_property
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from kale_airflow.config.environment import Settings
 from kale_airflow.core.errors import KaleError
 from kale_airflow.core.policies import KaleConfig, Limits
 
 STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
+# The environment variables the Kafka stream reads its credentials from (kale_airflow.stream.kafka).
+KafkaSecretEnv = Literal["KALE_KAFKA_CONFIG", "KALE_KAFKA_SASL_USERNAME", "KALE_KAFKA_SASL_PASSWORD"]
+SecretKey = Annotated[str, StringConstraints(pattern=r"^[-._a-zA-Z0-9]{1,253}$")]
 
 
 class ConfigError(KaleError, ValueError):
@@ -47,36 +59,55 @@ class KubernetesWorkerConfig(BaseModel):
 
     model_config = STRICT
 
-    image: str = "ghcr.io/kale-airflow/worker:0.1.0"
-    namespace: str = "kale-training"
-    gpus_per_worker: int = Field(1, ge=0)
-    cpu_request: str = "4"
-    memory_request: str = "16Gi"
-    memory_limit: str = "16Gi"
-    node_selector: dict[str, str] = Field(default_factory=lambda: {"nvidia.com/gpu.present": "true"})
+    image: str = Field("ghcr.io/kale-airflow/worker:0.1.0",
+                       description="Container image of the worker pods (it must ship kale-airflow with the worker extra).")
+    namespace: str = Field("kale-training", description="Namespace the worker pods run in.")
+    gpus_per_worker: int = Field(1, ge=0, description="`nvidia.com/gpu` limit of each worker pod (0: no GPU limit).")
+    cpu_request: str = Field("4", description="CPU request of each worker pod.")
+    memory_request: str = Field("16Gi", description="Memory request of each worker pod.")
+    memory_limit: str = Field("16Gi", description="Memory limit of each worker pod.")
+    node_selector: dict[str, str] = Field(default_factory=lambda: {"nvidia.com/gpu.present": "true"},
+                                          description="Node selector of the worker pods (GPU nodes).")
     tolerations: list[dict[str, Any]] = Field(
-        default_factory=lambda: [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
-    checkpoint_claim: str = "kale-checkpoints"
-    service_account: str = "kale-worker"
-    run_as_user: int = 1000
-    grace_period_s: int = Field(120, ge=0)
-    kubernetes_conn_id: str = "kubernetes_default"
+        default_factory=lambda: [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        description="Tolerations of the worker pods (the GPU nodes' taint).")
+    checkpoint_claim: str = Field("kale-checkpoints",
+                                  description="PersistentVolumeClaim mounted at `/checkpoints`; only rank 0 uses it, "
+                                              "so ReadWriteOnce works only when the pods share a node "
+                                              "(use ReadWriteMany storage).")
+    service_account: str = Field("kale-worker", description="Service account of the worker pods (no API access needed).")
+    run_as_user: int = Field(1000, description="Non-root user id the worker containers run as (0 is refused).")
+    grace_period_s: int = Field(120, ge=0, description="Seconds a stopping pod gets to checkpoint before it is killed.")
+    kubernetes_conn_id: str = Field("kubernetes_default",
+                                    description="Airflow connection of the Kubernetes cluster the pods start in.")
     # The control-plane database URL (KALE_DATABASE_URL) reaches the pods only from this
     # Secret (a secretKeyRef, never a plain value in the pod spec); the chart creates it or
     # names an existing one.
-    database_secret: str = Field("kale-database", pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-    database_secret_key: str = Field("url", pattern=r"^[-._a-zA-Z0-9]{1,253}$")
-    # Airflow pool of the mapped worker-pod tasks (create it with as many slots as GPU workers).
-    pool: str = Field("kale_gpu", min_length=1, max_length=256)
-    # Seconds a Pending pod may wait to be scheduled (a node autoscaler adding a GPU node takes
-    # minutes), then seconds from scheduled to running (pulling a large GPU image).
-    schedule_timeout_s: int = Field(1800, gt=0)
-    startup_timeout_s: int = Field(600, gt=0)
-    # Deferrable pods free the Airflow worker slot: the triggerer watches the pod.
-    deferrable: bool = True
-    # Triggerer: seconds between pod status reads, and between log fetches (None: logs at the end only).
-    poll_interval_s: float = Field(10.0, gt=0)
-    logging_interval_s: int | None = Field(300, gt=0)
+    database_secret: str = Field("kale-database", pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$",
+                                 description="Secret holding `KALE_DATABASE_URL` for the pods (a `secretKeyRef`, never "
+                                             "a plain value in the pod spec); the Helm chart sets it from `database.*`.")
+    database_secret_key: str = Field("url", pattern=r"^[-._a-zA-Z0-9]{1,253}$",
+                                     description="Key of the URL in `database_secret`.")
+    kafka_secret: str | None = Field(None, pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$",
+                                     description="Secret holding the Kafka credentials of the pods, each key named "
+                                                 "in `kafka_secret_keys` as an environment variable (a "
+                                                 "`secretKeyRef`, never a plain value); the Helm chart sets it from "
+                                                 "`kafka.*`. null: none.")
+    kafka_secret_keys: dict[KafkaSecretEnv, SecretKey] = Field(
+        default_factory=dict, description="Environment variable -> key in `kafka_secret`: `KALE_KAFKA_CONFIG` (a JSON "
+                                          "object of librdkafka settings), `KALE_KAFKA_SASL_USERNAME`, "
+                                          "`KALE_KAFKA_SASL_PASSWORD`.")
+    pool: str = Field("kale_gpu", min_length=1, max_length=256,
+                      description="Airflow pool of the mapped worker-pod tasks; create it with `max_workers` slots "
+                                  "and `--include-deferred`.")
+    # A node autoscaler adding a GPU node takes minutes; a large GPU image takes long to pull.
+    schedule_timeout_s: int = Field(1800, gt=0, description="Seconds a Pending pod may wait to be scheduled.")
+    startup_timeout_s: int = Field(600, gt=0, description="Seconds from scheduled to running (pulling a large image).")
+    deferrable: bool = Field(True, description="Deferrable pods: the triggerer watches each pod and the Airflow "
+                                               "worker slot is freed.")
+    poll_interval_s: float = Field(10.0, gt=0, description="Seconds between the triggerer's pod status reads.")
+    logging_interval_s: int | None = Field(300, gt=0, description="Seconds between log fetches while a pod runs "
+                                                                  "(null: logs at the end only).")
 
     @field_validator("run_as_user")
     @classmethod
@@ -84,6 +115,14 @@ class KubernetesWorkerConfig(BaseModel):
         if uid <= 0:
             raise ValueError(f"run_as_user {uid} is root or invalid; workers run as a non-root user (e.g. 1000)")
         return uid
+
+    @model_validator(mode="after")
+    def _kafka_secret_with_its_keys(self) -> "KubernetesWorkerConfig":
+        if bool(self.kafka_secret) != bool(self.kafka_secret_keys):
+            raise ValueError("kafka_secret and kafka_secret_keys go together: name the Secret and which of its keys "
+                             "become KALE_KAFKA_CONFIG / KALE_KAFKA_SASL_USERNAME / KALE_KAFKA_SASL_PASSWORD, or "
+                             "set neither")
+        return self
 
 
 class AlertsConfig(BaseModel):
@@ -95,13 +134,16 @@ class AlertsConfig(BaseModel):
 
     model_config = STRICT
 
-    notifier: str | None = Field(None, pattern=r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+$")
-    notifier_kwargs: dict[str, Any] = Field(default_factory=dict)
-    # The freshness lag counts as "SLO at risk" from this fraction of slo_s; alert after this long at risk.
-    slo_risk_fraction: float = Field(0.8, gt=0)
-    slo_risk_minutes: float = Field(10.0, gt=0)
-    task_failures: bool = True      # a failed retrain/refit/training/autoscaler task (on_failure_callback)
-    review_pending: bool = True     # a challenger held for review in MLflow
+    notifier: str | None = Field(None, pattern=r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+$",
+                                 description="Dotted path of an Airflow notifier class (null: alerts are only logged).")
+    notifier_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments the notifier is "
+                                                                              "built with.")
+    slo_risk_fraction: float = Field(0.8, gt=0, description="The freshness lag counts as \"SLO at risk\" from this "
+                                                            "fraction of `slo_s`.")
+    slo_risk_minutes: float = Field(10.0, gt=0, description="Alert after the SLO has been at risk this long.")
+    task_failures: bool = Field(True, description="Alert when a retrain, refit, training or autoscaler task fails "
+                                                  "for good (`on_failure_callback`).")
+    review_pending: bool = Field(True, description="Alert when a challenger is held for review in MLflow.")
 
 
 # The policy's own fields (core.policies.KaleConfig) as a strict model, so ``kale:`` is
@@ -119,32 +161,51 @@ class Deployment(BaseModel):
 
     model_config = STRICT
 
-    stream_url: str
-    group: str = "kale"
-    worker_backend: Literal["local", "kubernetes"] = "local"
-    min_workers: int = 1
-    max_workers: int = 8
-    partitions: int | None = None
-    slo_s: float = Field(300.0, gt=0)
-    rescale_downtime_s: float = Field(90.0, ge=0)
-    poll_interval_s: float = Field(15.0, gt=0)
-    bin_s: float = Field(300.0, gt=0)
-    training_dag_id: str = "kale_training"
-    worker_batch_size: int = Field(512, ge=1)
-    worker_step_time_s: float = Field(0.0, ge=0)
-    # The workers' torch device: auto (CUDA when the worker sees a GPU, else CPU), cpu, or cuda
-    # (a worker without a GPU fails, naming this setting); bf16 mixed precision on CUDA.
-    worker_device: Literal["auto", "cpu", "cuda"] = "auto"
-    worker_amp: bool = False
-    # How long a new generation waits for the workers it supersedes to checkpoint and stop
-    # (they notice within a report interval; pods get their grace period) before it fails.
-    handover_timeout_s: float = Field(180.0, gt=0)
-    kale: KalePolicySettings = Field(default_factory=KalePolicySettings)  # type: ignore[valid-type]
-    kubernetes: KubernetesWorkerConfig = Field(default_factory=KubernetesWorkerConfig)
-    # Shadow mode: observe, decide and record every decision (``applied: false``) beside the
-    # autoscaler already in charge (HPA, KEDA, a person); never start or stop a worker.
-    shadow: bool = False
-    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
+    stream_url: str = Field(description="Where the samples are: `sqlite:///PATH` (the embedded stream), "
+                                        "`kafka://HOST:PORT[,HOST:PORT]/TOPIC`, or `airflow-conn://CONN_ID/TOPIC` "
+                                        "(a `kale_kafka` connection). Never credentials: a Kafka URL with a user or "
+                                        "password is refused. A file that omits it gets "
+                                        "`sqlite:///$KALE_HOME/stream.db`.")
+    group: str = Field("kale", description="Prefix of the consumer groups workers commit to (one group per slice, "
+                                           "`{group}/p{partition}:{lo}-{hi}`).")
+    worker_backend: Literal["local", "kubernetes"] = Field(
+        "local", description="`local`: supervised processes on this machine; `kubernetes`: one "
+                             "KubernetesPodOperator pod per worker (settings under `kubernetes`).")
+    min_workers: int = Field(1, description="Fewest workers (at least 1).")
+    max_workers: int = Field(8, description="Most workers (at least `min_workers`).")
+    partitions: int | None = Field(None, description="Partitions of the stream; caps the useful workers "
+                                                     "(null: `max_workers` is the cap). Not below `min_workers`.")
+    slo_s: float = Field(300.0, gt=0, description="Freshness SLO: the most seconds the oldest unprocessed sample "
+                                                  "may wait.")
+    rescale_downtime_s: float = Field(90.0, ge=0, description="Seconds a rescale pauses training (checkpoint, "
+                                                              "restart, restore): the floor of the measured pause "
+                                                              "the policy plans with.")
+    poll_interval_s: float = Field(15.0, gt=0, description="Seconds between the autoscaler's observations and "
+                                                           "decisions.")
+    bin_s: float = Field(300.0, gt=0, description="Seconds per bin of the traffic history the autoscaler records "
+                                                  "and forecasts from.")
+    training_dag_id: str = Field("kale_training", description="Id of the training DAG (the bundled "
+                                                              "`kale_autoscaler` DAG triggers `kale_training`).")
+    worker_batch_size: int = Field(512, ge=1, description="Samples per training step and rank.")
+    worker_step_time_s: float = Field(0.0, ge=0, description="Emulated accelerator step time per batch, for demos "
+                                                             "on CPU (0: no emulation).")
+    worker_device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="The workers' torch device: `auto` (CUDA when the worker sees a GPU, else CPU), `cpu`, "
+                            "or `cuda` (a worker without a GPU fails at start, naming this setting).")
+    worker_amp: bool = Field(False, description="bf16 mixed precision (`torch.autocast`) on CUDA; ignored on CPU.")
+    handover_timeout_s: float = Field(180.0, gt=0, description="How long a new generation waits for the workers it "
+                                                               "supersedes to checkpoint and stop (they notice within "
+                                                               "a report interval; pods get their grace period) "
+                                                               "before it fails.")
+    kale: KalePolicySettings = Field(default_factory=KalePolicySettings,  # type: ignore[valid-type]
+                                     description="The policy's tunables (`KaleConfig`); its SLO, downtime and "
+                                                 "poll interval come from the top level.")
+    kubernetes: KubernetesWorkerConfig = Field(default_factory=KubernetesWorkerConfig,
+                                               description="Worker pod settings, used by the `kubernetes` backend.")
+    shadow: bool = Field(False, description="Shadow mode: observe, decide and record every decision "
+                                            "(`applied: false`) beside the autoscaler already in charge (HPA, KEDA, "
+                                            "a person); never start or stop a worker.")
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig, description="Where alerts go.")
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> "Deployment":

@@ -9,8 +9,51 @@
 - ``KALE_DATABASE_URL``: the control-plane database every component shares (generations,
   assignments, decisions, autoscaler state, the embedded metrics); default a SQLite file
   ``sqlite:///$KALE_HOME/kale.db``, ``postgresql://...`` in production;
+- ``KALE_DB_AUTO_UPGRADE``: ``1``/``0``: whether a component that opens a control-plane
+  database whose schema is behind upgrades it; default on for SQLite files, off for
+  PostgreSQL, where ``kale db upgrade`` is the deliberate step (read by the store when it
+  opens a database: :func:`kale_airflow.store.database.auto_upgrade`);
 - ``KALE_METRICS_SOURCE``: where traffic and throughput history come from (``embedded``);
 - ``KALE_CONFIG``: the deployment file (default ``$KALE_HOME/kale.yaml`` when present).
+
+Read where they are used (listed here so that one place names every variable):
+
+- ``KALE_KAFKA_CONFIG``: a JSON object of librdkafka settings merged last (keys prefixed
+  ``producer.`` or ``consumer.`` reach that client only, ``kale.`` keys are Kale's own, e.g.
+  ``kale.arrivals``); see :mod:`kale_airflow.stream.kafka`;
+- ``KALE_KAFKA_SASL_USERNAME``: the Kafka SASL username (``sasl.username``, over
+  ``KALE_KAFKA_CONFIG``; without a protocol or mechanism it means SASL_SSL with PLAIN);
+  worker pods get it from a Secret;
+- ``KALE_KAFKA_SASL_PASSWORD``: the Kafka SASL password (``sasl.password``), from a Secret;
+- ``KALE_PROMETHEUS_URL``: the Prometheus server when ``KALE_METRICS_SOURCE=prometheus``;
+- ``KALE_PROMETHEUS_QUERIES``: PromQL queries replaced by name (``traffic``,
+  ``partition_rates``, ``throughput``), as inline JSON or the path of a JSON/YAML file;
+- ``KALE_MLFLOW_UI_URL``: the MLflow UI the Kale page links to (default
+  ``http://localhost:5000``);
+- ``KALE_METRICS_PORT``: the port of a worker's ``/metrics`` (the worker pods get 9400;
+  unset: no server);
+- ``KALE_EXPORTER_PORT``: the port of the decision exporter
+  (``python -m kale_airflow.control.exposition``, default 9401);
+- ``KALE_WORKER_DEVICE``: a worker's default ``--device`` (``auto``, ``cpu``, ``cuda``);
+- ``KALE_WORKER_AMP``: a worker's default ``--amp`` (``1``, ``true`` or ``yes``: bf16 on CUDA);
+- ``KALE_WORKER_THREADS``: torch threads per worker process (local workers get their share
+  of the cores);
+- ``KALE_RENDEZVOUS``: a worker's default ``--rendezvous`` (``HOST:PORT``, or
+  ``control-plane:PORT`` to meet through the control-plane database);
+- ``KALE_ALLOW_FRESH_MODEL``: a worker's default ``--allow-fresh-model`` (``1``, ``true`` or
+  ``yes``): when no checkpoint can be read although the stream's commits show the job has
+  trained, start a new model from the committed offsets instead of refusing to start;
+- ``KALE_DATABASE_WAIT_S``: seconds a worker retries the control-plane database at start
+  before it exits with code 75 (default 300);
+- ``KALE_POD_IP``: the pod's IP, which rank 0 publishes for the others (set on worker pods
+  from the downward API ``status.podIP``);
+- ``AIRFLOW_VAR_KALE_AUTOSCALER_SCHEDULE``: schedule of ``kale_autoscaler`` (or
+  ``KALE_AUTOSCALER_SCHEDULE``; default ``@continuous``), read at parse time without a
+  metadata-database lookup;
+- ``AIRFLOW_VAR_KALE_FORECASTER_RETRAIN_SCHEDULE``: schedule of ``kale_forecaster_retrain``
+  (or ``KALE_FORECASTER_RETRAIN_SCHEDULE``; default ``@daily``);
+- ``AIRFLOW_VAR_KALE_THROUGHPUT_REFIT_SCHEDULE``: schedule of ``kale_throughput_refit`` (or
+  ``KALE_THROUGHPUT_REFIT_SCHEDULE``; default ``@hourly``).
 """
 
 from __future__ import annotations
@@ -81,3 +124,4 @@ def settings() -> Settings:
     return Settings(home=home, mlflow_uri=uri, metrics_source=os.environ.get("KALE_METRICS_SOURCE", "embedded"),
                     config_file=Path(explicit).expanduser() if explicit else None,
                     database=os.environ.get("KALE_DATABASE_URL") or None)
+

@@ -33,7 +33,7 @@ from kale_airflow.core.policies import Decision, KalePolicy, Observation, Reason
 from kale_airflow.core.policies.kale import planned_downtime
 from kale_airflow.core.slices import slices_for
 from kale_airflow.metrics.embedded import MetricsError
-from kale_airflow.store import StateStore
+from kale_airflow.store import StateStore, masked
 
 log = logging.getLogger(__name__)
 STATE_KEY = "autoscaler_state"
@@ -263,14 +263,14 @@ class Autoscaler:
             self._champions()
             self.model_error = None
         except Exception as exc:  # noqa: BLE001 - MLflow down or no champion: keep what we have
-            self.model_error = str(exc)
+            self.model_error = masked(exc)  # stored and shown: any error may quote the tracking URI
             if self.policy is None:
                 d = Decision(obs.workers, Reason.HOLD_MISSING_METRICS,
-                             f"models unavailable, keeping the current {obs.workers} worker(s): {exc}")
+                             f"models unavailable, keeping the current {obs.workers} worker(s): {self.model_error}")
                 if record:
                     self.state.record_decision(now, obs.workers, d.to_dict() | self._mode())
                 return d, obs
-            log.warning("model registry unavailable (%s); deciding with the cached champions", exc)
+            log.warning("model registry unavailable (%s); deciding with the cached champions", self.model_error)
         # The stages plan with the measured rescale pause (the policy reads its config each tick).
         downtime = self.planned_downtime_s
         if downtime != self.policy.config.rescale_downtime_s:

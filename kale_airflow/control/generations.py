@@ -6,6 +6,15 @@ checkpoint and exit); rebalancing assigns the stream's partitions to the new
 generation's workers and commits each new slice's start offset where the previous
 generation's slices stopped *before* publishing the assignment, so whoever reads the
 assignment (workers, the autoscaler's backlog) finds its offsets in place.
+
+Applying is one compare-and-set transaction in the store
+(:meth:`~kale_airflow.store.StateStore.apply_generation`): the decision carries the
+generation it saw as current, and the new one replaces it only if it still is. Generations
+are numbered by a database counter (``g000042-4w``), never the clock, and a decision makes
+at most one (a unique key on its identity, :func:`decision_id`), however often its task is
+retried or run at once. The training run that starts a generation's workers claims it, so
+``apply`` can tell a retry whether its generation still has to be started, and a second
+run of the same generation is refused.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from kale_airflow.core.errors import KaleError
 from kale_airflow.core.rebalance import RebalanceOptions, assign
 from kale_airflow.core.slices import slices_for
 from kale_airflow.store import StateStore
+from kale_airflow.store.state import AppliedGeneration
 
 log = logging.getLogger(__name__)
 ASSIGNMENT = "default"
@@ -56,6 +66,27 @@ class GenerationError(KaleError, ValueError):
     """A generation cannot be (re)assigned or started as asked; the message says what to do."""
 
 
+def decision_id(decision: dict, run_id: str) -> str:
+    """A decision's identity, the same on every try of the task that applies it: the run, the
+    generation it saw (``?``: the decision does not say), the count it saw, and its target."""
+    seen = (decision["current_generation"] or "-") if "current_generation" in decision else "?"
+    return f"{run_id}:{seen}:{decision.get('current')}->{int(decision['workers'])}"
+
+
+def decision_event(autoscaler) -> tuple[bool, dict]:
+    """One observation and decision of ``autoscaler`` as the event the sensor and the trigger
+    complete with, and whether it is a change (the decided count differs from the running one).
+
+    ``current_generation`` is read *before* the observation: should another generation become
+    current in between, the decision saw a newer state than it names, and the apply's
+    compare-and-set makes it a no-op instead of replacing a generation it did not see."""
+    seen = autoscaler.state.current_generation()
+    decision, obs = autoscaler.poke()
+    done = decision.workers != obs.workers
+    return done, {"status": "scale" if done else "hold", "current": obs.workers, "current_generation": seen,
+                  "shadow": autoscaler.shadow, **decision.to_dict()}
+
+
 class Generations:
     """The manager of worker generations (operators call it; it holds the flows)."""
 
@@ -65,25 +96,55 @@ class Generations:
         self.log = logger or log
 
     # -------------------------------------------------------------- decisions
-    def apply(self, decision: dict, run_id: str, now: float | None = None) -> dict:  # pragma: no mutate block
-        """Turn a sensor's decision into a new generation (idempotent per decision).
+    def apply(self, decision: dict, run_id: str, now: float | None = None) -> dict:
+        """Turn a sensor's decision into a new generation: one compare-and-set transaction.
 
-        Returns ``{"skip", "workers", "generation"}``: the conf of the training run to start."""
-        cur = self.store.current()
+        The generation the decision saw (``current_generation``; a decision that does not
+        say is compared with the one current now) is replaced only if it is still current;
+        otherwise nothing changes. A retry of the same decision (:func:`decision_id`) finds
+        the generation the first try made.
+
+        Returns ``{"skip", "workers", "generation", "outcome", "started"}``, the conf of the
+        training run to start: ``skip`` is false exactly when the decision's generation exists
+        and no training run has started it yet, which includes a retry after the first try
+        applied it and then failed."""
         target = int(decision["workers"])
-        key = f"{decision.get('current')}->{target}@{run_id}"
-        applied = self.store.get_value("last_applied") or {}
-        running = cur["workers"] if cur else 0
-        if decision.get("status") != "scale" or running == target or applied.get("key") == key:
-            self.log.info("nothing to apply (%s): %s workers running, decision %s", decision.get("status"), running,
-                          target)
-            return {"skip": True, "workers": target, "generation": cur["generation"] if cur else None}
-        generation = f"g{int(time.time() if now is None else now)}-{target}w"
-        self.log.info("scaling %s -> %d workers (%s): %s; new generation %s", running, target,
-                      decision.get("reason"), decision.get("message"), generation)
-        self.store.set_current_generation(generation, target)
-        self.store.set_value("last_applied", {"key": key, "generation": generation})
-        return {"skip": False, "workers": target, "generation": generation}
+        if decision.get("status") != "scale":
+            cur = self.store.current()
+            self.log.info("nothing to apply (%s): %s workers running", decision.get("status"),  # pragma: no mutate
+                          cur["workers"] if cur else 0)  # pragma: no mutate
+            return {"skip": True, "workers": cur["workers"] if cur else target,
+                    "generation": cur["generation"] if cur else None, "outcome": "hold", "started": None}
+        expected = (decision["current_generation"] if "current_generation" in decision
+                    else self.store.current_generation())
+        done = self.store.apply_generation(decision_id(decision, run_id), run_id, expected, target, now)
+        self._log_applied(decision, expected, done)
+        return {"skip": not done.applied or bool(done.started), "workers": done.workers,
+                "generation": done.generation, "outcome": done.outcome, "started": done.started}
+
+    def _log_applied(self, decision: dict, expected: str | None, done: AppliedGeneration) -> None:  # pragma: no mutate block
+        if done.outcome == "applied":
+            self.log.info("scaling %s -> %d workers (%s): %s; new generation %s replaces %s", decision.get("current"),
+                          done.workers, decision.get("reason"), decision.get("message"), done.generation, expected)
+        elif done.outcome == "retried":
+            self.log.info("decision already applied as generation %s (%s by a training run)", done.generation,
+                          "started" if done.started else "not yet started")
+        elif done.outcome == "superseded":
+            self.log.info("decision made against generation %s, but %s is current now: nothing applied",
+                          expected, done.generation)
+        else:
+            self.log.info("generation %s already has %s workers: nothing to apply", done.generation, done.workers)
+
+    def claim(self, generation: str, run_id: str | None) -> None:
+        """Record that training run ``run_id`` starts ``generation``'s workers (what ``apply``
+        reports as started); refuse when another run did (two jobs on the same slices)."""
+        if run_id is None or self.store.claim_generation(generation, run_id) is not False:
+            return
+        owner = (self.store.generation(generation) or {}).get("started_by")
+        raise GenerationError(
+            f"generation {generation} was started by training run {owner}; another run would train its slices "
+            "a second time: clear that run's tasks to restart its workers, or let the autoscaler start a new "
+            "generation")
 
     # ------------------------------------------------------------- rebalancing
     def rebalance(self, generation: str, workers: int, split: bool = True, name: str = ASSIGNMENT) -> dict:
@@ -149,11 +210,13 @@ class Generations:
         return doc
 
     # ------------------------------------------------------------------ workers
-    def start_local(self, generation: str) -> list[int]:  # pragma: no mutate block
+    def start_local(self, generation: str, run_id: str | None = None) -> list[int]:  # pragma: no mutate block
         """Start the generation's distributed job (one local process per rank, 127.0.0.1
         rendezvous, one supervisor restarting every rank when one dies); returns the
-        supervisor's pid."""
+        supervisor's pid. ``run_id``: the training run, which claims the generation first."""
         from kale_airflow.runtime.backends import LocalWorkers, WorkerSpec
+
+        self.claim(generation, run_id)
 
         env, dep = self.config.settings, self.config.deployment
         step = ["--step-time", str(dep.worker_step_time_s)] if dep.worker_step_time_s else []
@@ -161,13 +224,16 @@ class Generations:
                           step, device=dep.worker_device, amp=dep.worker_amp)
         return LocalWorkers(spec, env.worker_logs).start(generation, self.assignment(generation))
 
-    def pod_arguments(self, generation: str) -> list[list[str]]:  # pragma: no mutate block
+    def pod_arguments(self, generation: str, run_id: str | None = None) -> list[list[str]]:  # pragma: no mutate block
         """The rank command's arguments for each pod of the generation (the image runs ``python``).
 
         The pods rendezvous through the control-plane database: rank 0 publishes its pod IP
-        (``KALE_POD_IP``, from the downward API) and ``RENDEZVOUS_PORT``; the others read it."""
+        (``KALE_POD_IP``, from the downward API) and ``RENDEZVOUS_PORT``; the others read it.
+        ``run_id``: the training run, which claims the generation first."""
         from kale_airflow.runtime.backends import WorkerSpec
         from kale_airflow.runtime.kubernetes import CHECKPOINT_MOUNT, RENDEZVOUS
+
+        self.claim(generation, run_id)
 
         dep = self.config.deployment
         doc = self.assignment(generation)

@@ -33,7 +33,11 @@ SIMULATED_TS = 0.0
 
 
 class MetricsError(KaleError, RuntimeError):
-    """The metrics source cannot answer; the message says what is missing."""
+    """The metrics source cannot answer; the message says what is missing. It is masked where
+    it is made: it may name a server URL with ``user:password@`` (``KALE_PROMETHEUS_URL``)."""
+
+    def __init__(self, message: str):
+        super().__init__(masked(message))
 
 
 class EmbeddedMetrics:

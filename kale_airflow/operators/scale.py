@@ -14,8 +14,11 @@ class ScaleWorkersOperator(BaseOperator):
     The running generation is superseded (its workers checkpoint and exit 0 when they see
     the new generation in the control store; Kubernetes pods end the same way) and the
     returned ``{"generation", "workers"}`` is the conf of the training DAG run that the
-    next task triggers. Idempotent: a decision whose target equals the running generation's
-    size, or that was already applied, starts nothing (``{"skip": true}``).
+    next task triggers. One compare-and-set transaction against the generation the decision
+    saw: a decision whose target equals the running generation's size, or made against a
+    generation that is no longer current, starts nothing (``{"skip": true}``). Idempotent
+    per decision: a retry returns the generation the first try made, with ``skip`` false
+    while no training run has started it (the first try failed after applying it).
 
     Shadow mode (the decision says ``shadow``, the ``shadow`` argument is true, or the
     deployment's ``shadow`` switch is on; an explicit ``shadow=False`` turns it off for
@@ -46,4 +49,5 @@ class ScaleWorkersOperator(BaseOperator):
                           decision.get("current"), decision.get("workers"), decision.get("reason"))
             return {"skip": True, "shadow": True, "current": decision.get("current"),
                     "workers": decision.get("workers"), "reason": decision.get("reason")}
-        return Generations(config, logger=self.log).apply(decision, context["run_id"])
+        with fail_fast():  # a database whose schema is behind waits for `kale db upgrade`, not for retries
+            return Generations(config, logger=self.log).apply(decision, context["run_id"])

@@ -54,13 +54,14 @@ class KaleMlflowHook(BaseHook):
 
     def test_connection(self) -> tuple[bool, str]:
         from kale_airflow.registry.mlflow_registry import check_reachable
+        from kale_airflow.store.database import masked
 
         try:
             uri = self.tracking_uri()
             check_reachable(uri)
-            return True, f"MLflow at {uri} answers"
+            return True, f"MLflow at {masked(uri)} answers"
         except Exception as exc:  # noqa: BLE001 - the UI shows the message
-            return False, str(exc)
+            return False, masked(exc)
 
 
 def tracking_uri_of(conn) -> str:

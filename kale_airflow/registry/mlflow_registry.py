@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from kale_airflow.core.errors import KaleError
+from kale_airflow.store.database import masked
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,13 @@ NOTHING_CHANGED = "No model or alias was changed."
 
 
 class RegistryUnavailable(KaleError, RuntimeError):
-    """MLflow cannot be reached or refused the request; nothing was changed."""
+    """MLflow cannot be reached or refused the request; nothing was changed.
+
+    The message is masked where it is made: it names the tracking URI, which may carry
+    ``user:password@``, and it reaches logs, decision messages, ``kale status`` and the UI."""
+
+    def __init__(self, message: str):
+        super().__init__(masked(message))
 
 
 def is_absent(exc: BaseException) -> bool:
@@ -281,5 +288,5 @@ def load_champion(name: str, uri: str):  # pragma: no mutate block
     :class:`RegistryUnavailable` with the cause when the registry fails."""
     version = current_version(registry_client(uri), name, CHAMPION)
     if version is None:
-        raise LookupError(f"no {name}@{CHAMPION} in {uri}: run the retrain/refit DAG and promote one")
+        raise LookupError(f"no {name}@{CHAMPION} in {masked(uri)}: run the retrain/refit DAG and promote one")
     return load_version(name, version, uri)

@@ -32,6 +32,9 @@ class WorkerSpec:
     extra_args: list[str] = field(default_factory=list)
     device: str = "auto"  # the worker's --device: auto, cpu or cuda
     amp: bool = False     # the worker's --amp: bf16 autocast on CUDA
+    # The worker's --allow-fresh-model: a deliberate reset, starting a new model from the committed
+    # offsets when no checkpoint can be read (without it such a worker refuses to start).
+    allow_fresh_model: bool = False
 
     def environment(self) -> dict[str, str]:
         """Environment variables every worker needs besides its command (``KALE_DATABASE_URL``)."""
@@ -51,6 +54,7 @@ class WorkerSpec:
                "--assignment", doc, "--generation", generation, "--checkpoint-dir", self.checkpoint_dir,
                "--batch-size", str(self.batch_size)]
         cmd += (["--device", self.device] if self.device != "auto" else []) + (["--amp"] if self.amp else [])
+        cmd += ["--allow-fresh-model"] if self.allow_fresh_model else []
         return cmd + self.extra_args
 
 

@@ -6,8 +6,10 @@ tolerations for GPU nodes, the checkpoint PersistentVolumeClaim mounted at
 ``/checkpoints``, non-root security context with no privilege escalation and all
 capabilities dropped, CPU/memory requests, a grace period long enough to checkpoint on
 SIGTERM, and labels naming the generation and worker. The control-plane database URL
-(``KALE_DATABASE_URL``, which carries a password) comes from a Secret through a
-``secretKeyRef``, never as a plain value in the pod spec or the command line.
+(``KALE_DATABASE_URL``, which carries a password) and the Kafka credentials
+(``KALE_KAFKA_CONFIG``, ``KALE_KAFKA_SASL_USERNAME``/``_PASSWORD``, from the keys that
+``kafka_secret_keys`` names) come from Secrets through ``secretKeyRef``, never as plain
+values in the pod spec or the command line.
 
 The pods are deferrable by default: the Airflow worker creates the pod and frees its slot,
 the triggerer watches it (``KubernetesPodTrigger``) until it ends. Each mapped pod task runs
@@ -49,6 +51,23 @@ WORKER_SELECTOR = f"app.kubernetes.io/name={WORKER_LABELS['app.kubernetes.io/nam
 DATABASE_URL_ENV = "KALE_DATABASE_URL"
 
 
+def worker_env(cfg: KubernetesWorkerConfig) -> list:
+    """The environment of every worker pod: plain settings, the pod's IP, and the secrets as
+    ``secretKeyRef`` (the database URL; the Kafka credentials when ``kafka_secret`` is set)."""
+    from kubernetes.client import models as k8s
+
+    def secret(name: str, secret_name: str, key: str):
+        return k8s.V1EnvVar(name=name, value_from=k8s.V1EnvVarSource(
+            secret_key_ref=k8s.V1SecretKeySelector(name=secret_name, key=key)))
+
+    return [k8s.V1EnvVar(name="HOME", value="/tmp"),
+            k8s.V1EnvVar(name="KALE_METRICS_PORT", value=str(METRICS_PORT)),
+            k8s.V1EnvVar(name=POD_IP_ENV, value_from=k8s.V1EnvVarSource(
+                field_ref=k8s.V1ObjectFieldSelector(field_path="status.podIP"))),
+            secret(DATABASE_URL_ENV, cfg.database_secret, cfg.database_secret_key),
+            *(secret(env, cfg.kafka_secret, key) for env, key in sorted(cfg.kafka_secret_keys.items()))]
+
+
 def pod_kwargs(cfg: KubernetesWorkerConfig) -> dict:
     """KubernetesPodOperator arguments shared by every worker pod."""
     from kubernetes.client import models as k8s
@@ -68,12 +87,7 @@ def pod_kwargs(cfg: KubernetesWorkerConfig) -> dict:
             k8s.V1Volume(name="tmp", empty_dir=k8s.V1EmptyDirVolumeSource())],  # writable scratch, root fs is read-only
         volume_mounts=[k8s.V1VolumeMount(name="checkpoints", mount_path=CHECKPOINT_MOUNT),
                        k8s.V1VolumeMount(name="tmp", mount_path="/tmp")],
-        env_vars=[k8s.V1EnvVar(name="HOME", value="/tmp"),
-                  k8s.V1EnvVar(name="KALE_METRICS_PORT", value=str(METRICS_PORT)),
-                  k8s.V1EnvVar(name=POD_IP_ENV, value_from=k8s.V1EnvVarSource(
-                      field_ref=k8s.V1ObjectFieldSelector(field_path="status.podIP"))),
-                  k8s.V1EnvVar(name=DATABASE_URL_ENV, value_from=k8s.V1EnvVarSource(
-                      secret_key_ref=k8s.V1SecretKeySelector(name=cfg.database_secret, key=cfg.database_secret_key)))],
+        env_vars=worker_env(cfg),
         security_context=k8s.V1PodSecurityContext(run_as_non_root=True, run_as_user=cfg.run_as_user,
                                                   run_as_group=cfg.run_as_user, fs_group=cfg.run_as_user),
         container_security_context=k8s.V1SecurityContext(

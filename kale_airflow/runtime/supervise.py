@@ -15,21 +15,33 @@ checkpoint (model, optimizer, step and the positions of every slice), so the mod
 from exactly what it had seen. Without ``--ranks`` it supervises one command as is.
 
 - the worker exits 0 (stopped or superseded by a newer generation): the supervisor exits 0;
+- exit code 75 (:data:`EXIT_DEPENDENCY`, sysexits' EX_TEMPFAIL: a dependency such as the
+  control-plane database stayed unreachable past the worker's own deadline) is a
+  **dependency outage**, not a crash: restarted with a backoff that doubles up to 60 s,
+  not counted toward ``--max-restarts``; the supervisor gives up only when the outage has
+  lasted ``--outage-deadline`` seconds;
+- exit code 78 (:data:`EXIT_REFUSED`, EX_CONFIG: the worker refused to start or go on, e.g.
+  no readable checkpoint after training, or positions past the stream's end) is not
+  restarted at all: a restart cannot fix it, and the worker's log says what can;
 - any other exit (a crash, the OOM killer, ``kill -9``): it is restarted after a backoff
   that doubles each time (capped at 60 s); the new process restores the worker's
   checkpoint and committed offsets, so no sample is lost. After ``--max-restarts``
   consecutive failures (a crash loop) the supervisor gives up with the worker's exit code
   and the worker's partitions wait for the next generation.
   A run that lasted ``--healthy-after`` seconds resets the count;
+- when it gives up, it marks the job's heartbeats ``failed`` in the control-plane database
+  (``KALE_DATABASE_URL``; best-effort), so no dead job keeps saying ``running``;
 - SIGTERM or SIGINT to the supervisor is passed on to the worker, which checkpoints and
   exits; the supervisor then exits with the worker's code.
 
-Standard library only: it must start in milliseconds, not import torch.
+Standard library only: it must start in milliseconds, not import torch (the database
+client is imported only to mark a job it gives up on).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import socket
 import subprocess
@@ -38,6 +50,9 @@ import time
 from pathlib import Path
 
 MAX_BACKOFF_S = 60.0
+EXIT_DEPENDENCY = 75  # sysexits EX_TEMPFAIL: a dependency is unreachable; try again later
+EXIT_REFUSED = 78  # sysexits EX_CONFIG: the worker must not run as configured; a restart cannot help
+OUTAGE_DEADLINE_S = 1800.0
 
 
 def describe(code: int) -> str:
@@ -54,14 +69,45 @@ def say(message: str) -> None:
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} supervisor: {message}", flush=True)
 
 
-class Supervisor:
-    """Runs ``cmd`` until it exits 0, we are stopped by a signal, or it fails
-    ``max_restarts + 1`` times in a row."""
+def option(cmd: list[str], name: str) -> str | None:
+    """The value after ``name`` in a command line (the last one), or None."""
+    found = [cmd[k + 1] for k, a in enumerate(cmd[:-1]) if a == name]
+    return found[-1] if found else None
 
-    def __init__(self, cmd: list[str], max_restarts: int = 3, backoff_s: float = 2.0, healthy_after_s: float = 60.0):
+
+def mark_failed(cmd: list[str], ranks: list[int]) -> None:
+    """Best-effort: record ``failed`` as the last heartbeat of the job's ranks in the
+    control-plane database (``KALE_DATABASE_URL``), so status, shadow mode and the next
+    handover stop counting a job that is gone."""
+    generation = option(cmd, "--generation")
+    url = option(cmd, "--database-url") or os.environ.get("KALE_DATABASE_URL")
+    if generation is None or not url:
+        return
+    try:
+        from kale_airflow.store import StateStore
+
+        store = StateStore(url)
+        for r in ranks:
+            store.worker_seen(generation, r, "failed")
+        say(f"marked generation {generation}'s rank(s) {', '.join(map(str, ranks))} failed in the control plane")
+    except Exception as exc:  # noqa: BLE001 - the database may be what failed: its heartbeats go stale then
+        say(f"could not mark generation {generation} failed in the control plane ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}); its heartbeats go stale instead")
+
+
+class Supervisor:
+    """Runs ``cmd`` until it exits 0, we are stopped by a signal, it refuses to run, it fails
+    ``max_restarts + 1`` times in a row, or a dependency outage outlasts ``outage_deadline_s``."""
+
+    def __init__(self, cmd: list[str], max_restarts: int = 3, backoff_s: float = 2.0, healthy_after_s: float = 60.0,
+                 outage_deadline_s: float = OUTAGE_DEADLINE_S):
         self.cmd, self.max_restarts, self.backoff_s, self.healthy_after_s = cmd, max_restarts, backoff_s, healthy_after_s
+        self.outage_deadline_s = outage_deadline_s
         self.stopping = False
         self.proc: subprocess.Popen | None = None
+        self.failures = 0  # crashes in a row
+        self.outage_since: float | None = None  # first exit of the current dependency outage
+        self.outage_restarts = 0
 
     def _forward(self, signum, _frame) -> None:
         self.stopping = True
@@ -77,8 +123,41 @@ class Supervisor:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
+    def verdict(self, codes: list[int], ran_s: float, now: float | None = None) -> tuple[bool, float, str]:
+        """After a failed run (the exit codes of its processes, how long it ran): (give up,
+        delay before the restart, what happens next, in words for the logs)."""
+        now = time.monotonic() if now is None else now
+        if ran_s >= self.healthy_after_s:
+            self.failures, self.outage_since, self.outage_restarts = 0, None, 0
+        if EXIT_REFUSED in codes:
+            return True, 0.0, ("the worker refused to run (its log says why and what to do): not restarting, "
+                               "which cannot fix it")
+        if EXIT_DEPENDENCY in codes:
+            self.outage_since = now if self.outage_since is None else self.outage_since
+            lasted = now - self.outage_since
+            if lasted >= self.outage_deadline_s:
+                return True, 0.0, (f"dependency outage for {lasted:.0f} s (exit code {EXIT_DEPENDENCY}: a dependency "
+                                   f"such as the control-plane database is unreachable): giving up after "
+                                   f"--outage-deadline {self.outage_deadline_s:g} s")
+            self.outage_restarts += 1
+            delay = min(MAX_BACKOFF_S, self.backoff_s * 2 ** (self.outage_restarts - 1))
+            return False, delay, (f"dependency outage (exit code {EXIT_DEPENDENCY}: a dependency such as the "
+                                  f"control-plane database is unreachable) for {lasted:.0f} s of at most "
+                                  f"{self.outage_deadline_s:g} s; restart in {delay:g} s (outage restarts do not "
+                                  "count toward --max-restarts)")
+        self.outage_since, self.outage_restarts = None, 0
+        self.failures += 1
+        if self.failures > self.max_restarts:
+            return True, 0.0, f"{self.failures} failures in a row: giving up"
+        delay = min(MAX_BACKOFF_S, self.backoff_s * 2 ** (self.failures - 1))
+        return False, delay, f"restart {self.failures}/{self.max_restarts} in {delay:g} s"
+
+    def _pause(self, delay: float) -> None:
+        until = time.monotonic() + delay
+        while time.monotonic() < until and not self.stopping:
+            time.sleep(0.1)
+
     def _loop(self) -> int:
-        failures = 0
         while True:
             started = time.monotonic()
             self.proc = subprocess.Popen(self.cmd)
@@ -87,18 +166,15 @@ class Supervisor:
             code = self.proc.wait()
             if code == 0 or self.stopping:
                 return code
-            failures = 1 if time.monotonic() - started >= self.healthy_after_s else failures + 1
-            pid = self.proc.pid
-            if failures > self.max_restarts:
-                say(f"worker pid {pid} ended with {describe(code)}, {failures} failures in a row: giving up; "
-                    "its partitions wait for the next generation (the lines above say why it failed)")
+            give_up, delay, then = self.verdict([code], time.monotonic() - started)
+            if give_up:
+                say(f"worker pid {self.proc.pid} ended with {describe(code)}; {then}; its partitions wait for the "
+                    "next generation (the lines above say why it failed)")
+                mark_failed(self.cmd, [int(option(self.cmd, "--worker-id") or 0)])
                 return code
-            delay = min(MAX_BACKOFF_S, self.backoff_s * 2 ** (failures - 1))
-            say(f"worker pid {pid} ended with {describe(code)}; restart {failures}/{self.max_restarts} in {delay:g} s "
-                "(it restores its checkpoint and committed offsets)")
-            until = time.monotonic() + delay
-            while time.monotonic() < until and not self.stopping:
-                time.sleep(0.1)
+            say(f"worker pid {self.proc.pid} ended with {describe(code)}; {then} (it restores its checkpoint and "
+                "committed offsets)")
+            self._pause(delay)
             if self.stopping:
                 return code
 
@@ -140,41 +216,43 @@ class JobSupervisor(Supervisor):
         say(f"job of {self.ranks} rank(s) started (rendezvous 127.0.0.1:{port}; pids "
             f"{', '.join(str(p.pid) for p in self.procs)})")
 
+    def _wait(self) -> list[int | None]:
+        """Poll until every rank ended, or one failed; their codes (None: still running)."""
+        while True:
+            codes = [p.poll() for p in self.procs]
+            if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
+                return codes
+            time.sleep(0.1)
+
+    def _reap(self) -> tuple[list[int], list[int]]:
+        """After a rank failed: its peers usually fail on their own (a broken collective); what
+        is left after a short grace is killed. Returns (every rank's code, the ranks killed)."""
+        until = time.monotonic() + self.grace_s
+        while time.monotonic() < until and any(p.poll() is None for p in self.procs):
+            time.sleep(0.1)
+        killed = []
+        for r, p in enumerate(self.procs):
+            if p.poll() is None:
+                p.kill()
+                killed.append(r)
+        return [p.wait() for p in self.procs], killed
+
     def _loop(self) -> int:
-        failures = 0
         while True:
             started = time.monotonic()
             self._start()
             if self.stopping:
                 for p in self.procs:
                     p.terminate()
-            while True:  # until every rank ended, or one failed
-                codes = [p.poll() for p in self.procs]
-                if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
-                    break
-                time.sleep(0.1)
+            codes = self._wait()
             if self.stopping or all(c == 0 for c in codes):
                 codes = [p.wait() for p in self.procs]
                 return next((c for c in codes if c != 0), 0)
-            # One rank failed: the job is broken. Its peers usually fail on their own (a broken
-            # collective); what is left after a short grace is killed.
             failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
-            until = time.monotonic() + self.grace_s
-            while time.monotonic() < until and any(p.poll() is None for p in self.procs):
-                time.sleep(0.1)
-            killed = []
-            for r, p in enumerate(self.procs):
-                if p.poll() is None:
-                    p.kill()
-                    killed.append(r)
-            codes = [p.wait() for p in self.procs]
-            failures = 1 if time.monotonic() - started >= self.healthy_after_s else failures + 1
-            code = codes[failed[0]]
-            give_up = failures > self.max_restarts
-            delay = min(MAX_BACKOFF_S, self.backoff_s * 2 ** (failures - 1))
-            then = (f"{failures} failures in a row: giving up; the job's slices wait for the next generation"
-                    if give_up else f"restart {failures}/{self.max_restarts} in {delay:g} s (every rank restores "
-                    "the job's checkpoint: model, optimizer, step and slice positions)")
+            codes, killed = self._reap()
+            give_up, delay, then = self.verdict(codes, time.monotonic() - started)
+            then += ("; the job's slices wait for the next generation" if give_up else
+                     " (every rank restores the job's checkpoint: model, optimizer, step and slice positions)")
             for r, p in enumerate(self.procs):
                 how = (f"stopped by the supervisor after rank {failed[0]} failed" if r in killed
                        else f"ended with {describe(codes[r])}")
@@ -183,12 +261,11 @@ class JobSupervisor(Supervisor):
                 with open(self._log(r), "a") as fh:
                     fh.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} supervisor: {line}\n")
             if give_up:
-                return code
-            until = time.monotonic() + delay
-            while time.monotonic() < until and not self.stopping:
-                time.sleep(0.1)
+                mark_failed(self.cmd, list(range(self.ranks)))
+                return codes[failed[0]]
+            self._pause(delay)
             if self.stopping:
-                return code
+                return codes[failed[0]]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backoff", type=float, default=2.0, help="first restart delay in s, doubled each time (default 2)")
     ap.add_argument("--healthy-after", type=float, default=60.0,
                     help="a run this long (s) resets the failure count (default 60)")
+    ap.add_argument("--outage-deadline", type=float, default=OUTAGE_DEADLINE_S,
+                    help=f"give up after a dependency outage (the worker exits {EXIT_DEPENDENCY}) of this many "
+                    f"seconds; such restarts do not count toward --max-restarts (default {OUTAGE_DEADLINE_S:g})")
     ap.add_argument("--ranks", type=int, default=0,
                     help="run the command as the N ranks of one distributed job (appends --worker-id, "
                     "--workers-total and --rendezvous 127.0.0.1:PORT); 0: one process as is")
@@ -215,8 +295,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--max-restarts and --backoff must be >= 0")
     if args.ranks > 0:
         return JobSupervisor(cmd, args.ranks, args.log_dir, args.log_name, max_restarts=args.max_restarts,
-                             backoff_s=args.backoff, healthy_after_s=args.healthy_after).run()
-    return Supervisor(cmd, args.max_restarts, args.backoff, args.healthy_after).run()
+                             backoff_s=args.backoff, healthy_after_s=args.healthy_after,
+                             outage_deadline_s=args.outage_deadline).run()
+    return Supervisor(cmd, args.max_restarts, args.backoff, args.healthy_after, args.outage_deadline).run()
 
 
 if __name__ == "__main__":

@@ -30,7 +30,17 @@ A generation is **one job** of N ranks (local processes, or pods on Kubernetes):
   broadcasts it; each slice starts at the later of its stream commit and the lowest
   checkpointed position of the old slices that overlap it (the handover rule), so training
   resumes from exactly what the model has seen; the steps since the last checkpoint are
-  replayed (trained at most twice, never skipped).
+  replayed (trained at most twice, never skipped). The checkpoint before the newest is kept
+  (``model.prev.pt``): a newest that cannot be read (truncated, zero length, foreign) falls
+  back to it, its earlier positions winning over the stream's commits (one more interval
+  retrained). When no checkpoint can be read but the stream's commits show the job has
+  trained, the worker **refuses to start** (exit code 78, the message names the files and
+  the fix) rather than silently train a new model; ``--allow-fresh-model`` does that on
+  purpose.
+- **positions outside the stream's log** (a broker restarted with empty storage, a log
+  recreated, records deleted by retention) fail the worker loudly (exit code 78), at start
+  and when a slice reads nothing, naming partition, position and the log's range: training
+  on would skip records silently.
 - stops (checkpoint, exit 0) on SIGTERM or when rank 0 sees a newer generation in the
   control store: the stop is agreed in the step's all-reduce, so every rank stops at the
   same step. A rank that dies makes its peers' collectives fail: the whole generation
@@ -38,6 +48,9 @@ A generation is **one job** of N ranks (local processes, or pods on Kubernetes):
   Kubernetes every pod's task retries).
 - rank 0 records the job's samples/s (global samples over wall time, reads, all-reduce and
   checkpoints included) to the metrics store, for windows in which no rank ran dry;
+  heartbeats and throughput are best-effort (:mod:`~kale_airflow.runtime.control_plane`): an
+  outage of the control-plane database never stops training; at start the worker waits up to
+  ``--database-wait`` for it, then exits with code 75 (a dependency outage to its supervisor);
 - skips and counts malformed samples.
 """
 
@@ -61,26 +74,55 @@ import numpy as np
 from kale_airflow.core.errors import KaleError
 from kale_airflow.core.slices import Slice, slices_for
 from kale_airflow.runtime import exposition
+from kale_airflow.runtime.control_plane import ControlPlane, ControlPlaneUnavailable
+from kale_airflow.runtime.supervise import EXIT_DEPENDENCY, EXIT_REFUSED
+from kale_airflow.stream.base import StreamPositionError
 
 log = logging.getLogger("kale.worker")
 _signalled: list[int] = []  # set by the signal handler, which is installed before torch loads
 CHECKPOINT = "model.pt"
+PREVIOUS = "model.prev.pt"  # the checkpoint before the newest: the fallback when the newest cannot be read
+CHECKPOINT_KEYS = ("model", "optim", "steps")
+POSITION_CHECK_S = 5.0  # at most this often, a slice that reads nothing checks its position against the log
+STOPPED_WAIT_S = 60.0  # how long the final "stopped" heartbeat (a handover waits on it) is retried
 RENDEZVOUS_KEY = "rendezvous/{generation}"
 CONTROL_PLANE = "control-plane"
 DEFAULT_PORT = 29500
 
 
-def start_positions(slices: list[Slice], committed: dict[Slice, int], checkpointed: list[tuple]) -> dict[Slice, int]:
+def start_positions(slices: list[Slice], committed: dict[Slice, int], checkpointed: list[tuple],
+                    trust_commits: bool = True) -> dict[Slice, int]:
     """Where each slice starts: the later of its stream commit and the lowest checkpointed
     position of the checkpoint's slices that overlap it (the handover rule of
     ``control.generations.handover``, applied to the positions the model has seen).
 
-    ``checkpointed``: ``(partition, lo, hi, position)`` of the job that wrote the checkpoint."""
+    ``checkpointed``: ``(partition, lo, hi, position)`` of the job that wrote the checkpoint.
+    ``trust_commits=False`` (restored from the previous checkpoint, the newest being damaged):
+    the commits followed a checkpoint the model no longer holds, so an overlapped slice starts
+    at the checkpointed position even below its commit (samples since are trained again,
+    none is skipped)."""
     out = {}
     for s in slices:
         overlapping = [pos for p, lo, hi, pos in checkpointed if p == s.partition and lo < s.hi and s.lo < hi]
-        out[s] = max(committed[s], min(overlapping)) if overlapping else committed[s]
+        if not overlapping:
+            out[s] = committed[s]
+        else:
+            out[s] = max(committed[s], min(overlapping)) if trust_commits else min(overlapping)
     return out
+
+
+def fsync_dir(path: Path) -> None:  # pragma: no mutate block
+    """Make a rename in ``path`` durable (no-op where folders cannot be opened, e.g. Windows)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def parameter_hash(model) -> str:  # pragma: no mutate block
@@ -93,6 +135,11 @@ def parameter_hash(model) -> str:  # pragma: no mutate block
 
 class DeviceError(KaleError, RuntimeError):
     """The configured training device is not there; the message says which setting and what to do."""
+
+
+class CheckpointError(KaleError, RuntimeError):
+    """The job has trained (its slices' commits are past 0) but no checkpoint can be read: the
+    message names the files tried and the fix (restore them, or ``--allow-fresh-model``)."""
 
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -125,7 +172,7 @@ class Worker:
                  generation: str = "0", workers_total: int = 1, batch_size: int = 512, lr: float = 0.01,
                  checkpoint_every: int = 50, metrics=None, control=None, audit: str | Path | None = None,
                  seed: int = 0, step_time_s: float = 0.0, step_log: str | Path | None = None,
-                 device: str = "auto", amp: bool = False):  # pragma: no mutate block
+                 device: str = "auto", amp: bool = False, allow_fresh_model: bool = False):  # pragma: no mutate block
         import torch
         import torch.distributed as dist
 
@@ -142,7 +189,11 @@ class Worker:
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         self.worker_id, self.generation, self.workers_total = worker_id, generation, workers_total
         self.batch_size, self.checkpoint_every = batch_size, checkpoint_every
-        self.metrics, self.control = metrics, control
+        # ``control``: a ControlPlane (the worker command's), or a StateStore and/or metrics to wrap in one,
+        # so no control-plane write ever stops training.
+        self.link = control if isinstance(control, ControlPlane) else (
+            ControlPlane.of(control, metrics) if control is not None or metrics is not None else None)
+        self.allow_fresh_model = allow_fresh_model
         self.audit = Path(audit) if audit else None
         self.step_log = Path(step_log) if step_log else None
         self.run_id = uuid.uuid4().hex[:8]  # one per process start: tells replayed steps apart in audits
@@ -161,9 +212,13 @@ class Worker:
         self.last_loss = float("nan")
         self.restored_from: str | None = None
         self.restored_step = 0
-        checkpointed = self.restore()
+        self.fallback = False  # restored from the previous checkpoint: the newest could not be read
+        self._newest_good = False  # model.pt read back (or written) here: safe to keep as the previous one
+        self._checked_at = -math.inf
         committed = {s: stream.committed(self._group(s), s.partition) for s in slices}
-        self.positions = start_positions(slices, committed, checkpointed)
+        checkpointed = self.restore(committed)
+        self.positions = start_positions(slices, committed, checkpointed, trust_commits=not self.fallback)
+        self.check_positions(committed, collective=True)
         # DDP after the restore: its constructor broadcasts rank 0's parameters (equal anyway).
         self.model = torch.nn.parallel.DistributedDataParallel(self.module) if self.distributed else self.module
 
@@ -202,25 +257,23 @@ class Worker:
     # -------------------------------------------------------------- checkpoints
     @property
     def checkpoint_path(self) -> Path:
-        """The job's one checkpoint (written by rank 0)."""
+        """The job's newest checkpoint (written by rank 0)."""
         return self.ckpt_dir / CHECKPOINT
+
+    @property
+    def previous_path(self) -> Path:
+        """The checkpoint before the newest, kept for when the newest cannot be read."""
+        return self.ckpt_dir / PREVIOUS
 
     def checkpoint(self) -> Path:
         """Collective: rank 0 writes model, optimizer, step and every rank's slice positions
         atomically, then commits those positions to the stream (commits follow the checkpoint)."""
-        import torch
-
         mine = [(s.partition, s.lo, s.hi, int(o)) for s, o in self.positions.items()]
         everyone = [row for rows in self._gather(mine) for row in rows]
         if self.rank == 0:
-            tmp = self.checkpoint_path.with_suffix(".tmp")
-            with open(tmp, "wb") as fh:
-                torch.save({"model": self.module.state_dict(), "optim": self.optim.state_dict(), "steps": self.steps,
-                            "generation": self.generation, "world_size": self.world, "group": self.group,
-                            "slices": everyone}, fh)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.checkpoint_path)
+            self.write_checkpoint({"model": self.module.state_dict(), "optim": self.optim.state_dict(),
+                                   "steps": self.steps, "generation": self.generation, "world_size": self.world,
+                                   "group": self.group, "slices": everyone})
             commits: dict[str, dict[int, int]] = {}
             for p, lo, hi, pos in everyone:
                 commits[self._group(Slice(p, lo, hi))] = {p: pos}
@@ -228,30 +281,153 @@ class Worker:
                 self.stream.commit_many(commits)
         return self.checkpoint_path
 
-    def restore(self) -> list[tuple]:
-        """Rank 0 loads the job's checkpoint and broadcasts it; returns its slice positions."""
+    def write_checkpoint(self, state: dict) -> None:
+        """Write ``state`` as the newest checkpoint, atomically: a temporary file in the same
+        folder, fsynced, renamed over ``model.pt``, the folder fsynced. The newest one, when it
+        was read back or written here, first becomes ``model.prev.pt`` (a damaged newest is
+        replaced instead, so it never pushes out the good previous one)."""
         import torch
 
-        state = None
-        if self.rank == 0 and self.checkpoint_path.exists():
-            try:
-                state = torch.load(self.checkpoint_path, map_location="cpu", weights_only=False)
-            except Exception as exc:  # noqa: BLE001 - a foreign or damaged file: start afresh, say so
-                log.warning("cannot read checkpoint %s (%s); starting a new model", self.checkpoint_path, exc)  # pragma: no mutate
-        state = self._broadcast(state)
+        tmp = self.ckpt_dir / (CHECKPOINT + ".tmp")
+        try:
+            with open(tmp, "wb") as fh:
+                torch.save(state, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a crash mid-write leaves the checkpoints as they were
+            raise
+        if self._newest_good and self.checkpoint_path.exists():
+            os.replace(self.checkpoint_path, self.previous_path)
+        os.replace(tmp, self.checkpoint_path)
+        fsync_dir(self.ckpt_dir)
+        self._newest_good = True
+
+    def restore(self, committed: dict[Slice, int]) -> list[tuple]:
+        """Collective: rank 0 loads the newest readable checkpoint (``model.pt``, else
+        ``model.prev.pt``) and broadcasts it; returns its slice positions. When none can be read
+        and the stream's commits show the job has trained (any rank's slice past 0), raises
+        :class:`CheckpointError` unless ``allow_fresh_model``."""
+        found = self._load_checkpoint() if self.rank == 0 else None
+        state, used, tried = self._broadcast(found)
+        trained = self._all_sum([float(any(v > 0 for v in committed.values()))])[0] > 0
         if state is None:
+            self._no_checkpoint(tried, trained, committed)
             return []
         self.module.load_state_dict(state["model"])
         self.optim.load_state_dict(state["optim"])
         self.steps = self.restored_step = state["steps"]
-        self.restored_from = str(self.checkpoint_path)
+        self.restored_from = used
+        self.fallback = used != str(self.checkpoint_path)
         # pragma: no mutate start
-        log.info("restored %s (step %d, generation %s, world size %s)", CHECKPOINT, self.steps,
+        log.info("restored %s (step %d, generation %s, world size %s)", Path(used).name, self.steps,
                  state.get("generation"), state.get("world_size"))
+        if self.fallback:
+            log.warning("checkpoint %s cannot be used (%s); restored the previous one, %s (step %d): its positions "
+                        "are earlier than the stream's commits, so the samples since are trained again (none is "
+                        "skipped); the next checkpoint replaces %s", tried[0][0], tried[0][1], used, self.steps,
+                        CHECKPOINT)
         # pragma: no mutate end
         if state.get("group", self.group) != self.group:  # positions of another consumer group: not ours
             return []
         return [tuple(row) for row in state.get("slices", [])]
+
+    def _load_checkpoint(self) -> tuple[dict | None, str | None, list[tuple[str, str]]]:
+        """Rank 0: (state, path, [(path, why not)] of the files passed over), the newest
+        readable of ``model.pt`` and ``model.prev.pt``; (None, None, tried) when neither is."""
+        import torch
+
+        tried = []
+        for path in (self.checkpoint_path, self.previous_path):
+            if not path.exists():
+                tried.append((str(path), "missing"))
+                continue
+            if path.stat().st_size == 0:
+                tried.append((str(path), "zero length"))
+                continue
+            try:
+                state = torch.load(path, map_location="cpu", weights_only=False)
+            except Exception as exc:  # noqa: BLE001 - truncated, random bytes, another format
+                first = (str(exc).strip().splitlines() or [""])[0][:200]
+                tried.append((str(path), f"unreadable: {type(exc).__name__}: {first}"))
+                continue
+            problem = self._state_problem(state)
+            if problem:
+                tried.append((str(path), problem))
+                continue
+            self._newest_good = path == self.checkpoint_path
+            return state, str(path), tried
+        return None, None, tried
+
+    def _state_problem(self, state) -> str | None:
+        """Why a loaded file is not a checkpoint of this model (None when it is)."""
+        if not isinstance(state, dict) or any(k not in state for k in CHECKPOINT_KEYS):
+            keys = sorted(map(str, state))[:6] if isinstance(state, dict) else type(state).__name__
+            return f"not a kale-airflow checkpoint (needs {', '.join(CHECKPOINT_KEYS)}; found {keys})"
+        mine, theirs = self.module.state_dict(), state["model"]
+        if not isinstance(theirs, dict) or set(theirs) != set(mine) or any(
+                tuple(getattr(theirs[k], "shape", ())) != tuple(v.shape) for k, v in mine.items()):
+            return "a checkpoint of another model (its parameter names or shapes differ)"
+        return None
+
+    def _no_checkpoint(self, tried: list, trained: bool, committed: dict[Slice, int]) -> None:  # pragma: no mutate block
+        """No checkpoint could be read: refuse when the job has trained, else start a new model."""
+        files = "; ".join(f"{p} ({why})" for p, why in tried) or f"{self.checkpoint_path} (missing)"
+        if trained and not self.allow_fresh_model:
+            ahead = [s for s in self.slices if committed[s] > 0]
+            where = (f"slice {ahead[0].group_suffix} of consumer group {self.group!r} is committed at "
+                     f"{committed[ahead[0]]}" if ahead else "another rank's slices are committed past 0")
+            raise CheckpointError(
+                f"refusing to start a new model: the stream's commits show this job has trained ({where}), but no "
+                f"checkpoint can be read: {files}. A new model would silently throw that training away. Restore the "
+                f"checkpoint into {self.ckpt_dir} (from a backup or a volume snapshot), or start a new model on "
+                "purpose from the committed offsets with --allow-fresh-model (KALE_ALLOW_FRESH_MODEL=1)")
+        if trained:
+            log.warning("no checkpoint can be read (%s): starting a NEW model from the committed offsets, as "
+                        "--allow-fresh-model asks", files)
+        elif any(why != "missing" for _, why in tried):
+            log.warning("cannot read checkpoint(s) %s; nothing is committed yet: starting a new model", files)
+
+    # ---------------------------------------------------------------- positions
+    def check_positions(self, committed: dict[Slice, int] | None = None, slices: list[Slice] | None = None,
+                        collective: bool = False) -> None:
+        """Raise :class:`StreamPositionError` when a slice's position lies past its partition's
+        log end or below its log start (an emptied or recreated log, records deleted before they
+        were trained): training on would skip records silently. ``collective``: every rank
+        raises, with every rank's findings."""
+        wanted = self.slices if slices is None else slices
+        problems = self._position_problems(wanted, committed) if wanted else []
+        if collective:
+            problems = [p for rows in self._gather(problems) for p in rows]
+        if problems:
+            raise StreamPositionError(
+                f"the stream does not hold the job's positions: {'; '.join(problems)}. Training on would skip "
+                "records the model never saw (a broker restarted with empty storage, a topic deleted and recreated, "
+                "records deleted by retention?). Restore the stream's data; or, if the log was replaced on purpose, "
+                "run the job under a new consumer group (the deployment's group: the model is kept and the new "
+                "group's slices start at their own commits)")
+
+    def _position_problems(self, slices: list[Slice], committed: dict[Slice, int] | None) -> list[str]:
+        marks = self.stream.watermarks()
+        bad = [s for s in slices if not self._in_log(marks, s)]
+        if bad:  # a fetch settles what a metadata answer can get wrong (Tansu's ListOffsets after a batch)
+            for s in bad:
+                self.stream.read_payloads(s.partition, self.positions[s], 1)
+            marks = self.stream.watermarks()
+            bad = [s for s in bad if not self._in_log(marks, s)]
+        out = []
+        for s in bad:
+            low, high = marks.get(s.partition, (0, 0))
+            pos = self.positions[s]
+            where = f"beyond the log end {high}" if pos > high else f"below the log start {low}"
+            known = f"; stream commit {committed[s]}" if committed is not None else ""
+            out.append(f"partition {s.partition} (slice {s.group_suffix}): position {pos}{known} is {where} "
+                       f"(log start {low}, end {high})")
+        return out
+
+    def _in_log(self, marks: dict[int, tuple[int, int]], s: Slice) -> bool:
+        low, high = marks.get(s.partition, (0, 0))
+        return low <= self.positions[s] <= high
 
     # ---------------------------------------------------------------- training
     def _read(self) -> tuple[list, dict, list, int]:
@@ -259,12 +435,13 @@ class Worker:
         from kale_airflow.runtime.samples import unpack
 
         per = max(1, self.batch_size // max(1, len(self.slices)))
-        parts, new_pos, audit, read = [], {}, [], 0
+        parts, new_pos, audit, read, dry = [], {}, [], 0, []
         for s in self.slices:
             pos = self.positions[s]
             want = int(math.ceil(per / max(s.hi - s.lo, 1e-3)))
             offsets, payloads = self.stream.read_payloads(s.partition, pos, want)  # no object per sample
             if not payloads:
+                dry.append(s)
                 continue
             read += len(payloads)
             samples, bad = unpack(payloads, s.mask(offsets))
@@ -272,6 +449,10 @@ class Worker:
             parts.append(samples)
             new_pos[s] = int(offsets[-1]) + 1
             audit.append((s, pos, int(offsets[-1]) + 1, len(samples)))
+        # A slice with nothing to read may be past the end of a log that was emptied under it.
+        if dry and time.monotonic() - self._checked_at >= POSITION_CHECK_S:
+            self._checked_at = time.monotonic()
+            self.check_positions(slices=dry)
         return parts, new_pos, audit, read
 
     def step(self, stop: bool = False) -> tuple[int, int, bool]:  # pragma: no mutate block
@@ -364,20 +545,23 @@ class Worker:
         which no rank ran dry: a starved job measures traffic, not capacity."""
         start, n, dry = self._window_start, self._window_samples, self._dry
         self._window_start, self._window_samples, self._dry = None, 0, False
-        if self.metrics is None or self.rank != 0 or dry or start is None or n < self.batch_size:
+        if self.link is None or self.rank != 0 or dry or start is None or n < self.batch_size:
             return
         rate = n / (time.perf_counter() - start)
-        self.metrics.write_throughput([time.time()], [self.world], [rate])
+        self.link.record_throughput(time.time(), self.world, rate)  # best-effort: never stops training
 
-    def _seen(self, state: str) -> None:  # pragma: no mutate block
-        if self.control is not None:
-            self.control.worker_seen(self.generation, self.worker_id, state)
+    def _seen(self, state: str, wait_s: float | None = None) -> bool:  # pragma: no mutate block
+        """This rank's heartbeat (best-effort; with ``wait_s``, retried that long): whether it was written."""
+        if self.link is None:
+            return True
+        return self.link.heartbeat(self.generation, self.worker_id, state, wait_s=wait_s)
 
-    def superseded(self) -> bool:  # pragma: no mutate block
-        """True when the control store names another generation as current."""
-        if self.control is None:
+    def superseded(self, required: bool = False) -> bool:  # pragma: no mutate block
+        """True when the control store names another generation as current (during an outage:
+        the last one read; ``required``: retried up to the link's deadline, for the start)."""
+        if self.link is None:
             return False
-        current = self.control.current_generation()
+        current = self.link.current_generation(required=required)
         return current is not None and current != self.generation
 
     def run(self, max_steps: int | None = None, idle_sleep: float = 0.2, report_every_s: float = 5.0,
@@ -388,7 +572,7 @@ class Worker:
         stop_next = False
         first = self.steps
         # A job that joined late (slow start, rendezvous) may already be superseded: train nothing.
-        stop_next = self.rank == 0 and self.superseded()
+        stop_next = self.rank == 0 and self.superseded(required=True)
         if stop_next:
             log.info("generation %s superseded: stopping every rank at the first step", self.generation)
         self._seen("running")
@@ -416,7 +600,12 @@ class Worker:
             import torch.distributed as dist
 
             dist.barrier()  # nobody says "stopped" before rank 0's checkpoint and commits are written
-        self._seen("stopped")  # after the checkpoint: the next generation may take over these slices
+        # After the checkpoint: the next generation may take over these slices. Retried: a handover waits on it.
+        if not self._seen("stopped", wait_s=STOPPED_WAIT_S):
+            log.error("cannot record this worker's 'stopped' heartbeat (control-plane database unreachable): "  # pragma: no mutate
+                      "the next generation's handover waits until its last heartbeat is stale")
+        if self.link is not None:
+            self.link.close(timeout_s=0.0)  # the heartbeat's wait above flushed everything, or the outage goes on
         summary = {"steps": self.steps, "trained": self.trained, "malformed": self.malformed,
                    "checkpoint": str(path), "restored_from": self.restored_from, "rank": self.rank,
                    "world_size": self.world}
@@ -446,12 +635,13 @@ def rendezvous(address: str | None, rank: int, world: int, generation: str, cont
         if host == CONTROL_PLANE:  # Kubernetes: rank 0's pod IP, published in the control-plane database
             if control is None:
                 raise SystemExit("--rendezvous control-plane needs the control-plane database (KALE_DATABASE_URL)")
-            if rank == 0:
+            if rank == 0:  # ``control``: the worker's ControlPlane (retried up to its deadline)
                 own = os.environ.get("KALE_POD_IP") or socket.gethostbyname(socket.gethostname())
-                control.set_value(key, {"host": own, "port": port, "t": time.time()})
+                rec = {"host": own, "port": port, "t": time.time()}
+                control.required(lambda st, _m, rec=rec: st.set_value(key, rec), "publish the rendezvous address")
                 target = own
             else:
-                rec = control.get_value(key)
+                rec = control.required(lambda st, _m: st.get_value(key), "read the rendezvous address")
                 target = rec["host"] if rec else None
                 port = rec["port"] if rec else port
         else:
@@ -507,13 +697,24 @@ def build_arg_parser() -> argparse.ArgumentParser:  # pragma: no mutate block
     ap.add_argument("--profiling", action="store_true",
                     help="a profiling job (kale profile): record throughput, but send no heartbeats and never stop "
                     "for the control plane's generations (stop it with SIGTERM)")
+    ap.add_argument("--allow-fresh-model", action="store_true",
+                    default=os.environ.get("KALE_ALLOW_FRESH_MODEL", "").lower() in ("1", "true", "yes"),
+                    help="when no checkpoint can be read although the stream's commits show the job has trained, "
+                    "start a NEW model from the committed offsets instead of refusing to start (a deliberate "
+                    "reset; default $KALE_ALLOW_FRESH_MODEL)")
+    ap.add_argument("--database-wait", type=float, default=float(os.environ.get("KALE_DATABASE_WAIT_S", "300")),
+                    help="seconds to retry the control-plane database at start (opening it, the current "
+                    "generation, the rendezvous address) before exiting with code 75, a dependency outage to the "
+                    "supervisor (default $KALE_DATABASE_WAIT_S, else 300); once training, an outage never stops it")
     ap.add_argument("--max-steps", type=int, help="stop after this many steps of this process (tests, batch jobs)")
     ap.add_argument("--exit-when-idle", action="store_true", help="stop when no rank has data (batch jobs, tests)")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:  # pragma: no mutate block
-    """Entry point; exits 0 after a clean stop."""
+    """Entry point; exits 0 after a clean stop, :data:`EXIT_REFUSED` (78) when the job must not
+    start or go on (no readable checkpoint after training, positions outside the stream's log),
+    :data:`EXIT_DEPENDENCY` (75) when the control-plane database stayed unreachable at start."""
     args = build_arg_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank {args.worker_id} %(message)s")
 
@@ -524,6 +725,19 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no mutate block
     # First thing: a SIGTERM that arrives while torch is still importing must not kill us.
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
+    try:
+        return _run_job(args)
+    except (CheckpointError, StreamPositionError) as exc:
+        log.error("%s", exc)
+        log.error("not starting (exit code %d): restarting cannot fix this", EXIT_REFUSED)
+        return EXIT_REFUSED
+    except ControlPlaneUnavailable as exc:
+        log.error("%s", exc)
+        return EXIT_DEPENDENCY
+
+
+def _run_job(args) -> int:  # pragma: no mutate block
+    """Open the control plane and the stream, join the job, train until stopped."""
     if os.environ.get("KALE_WORKER_THREADS"):
         import torch
 
@@ -534,20 +748,18 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no mutate block
     assignment = json.loads(Path(text).read_text() if not text.lstrip().startswith("{") else text)
     slices = slices_for(assignment, args.worker_id)
     total = args.workers_total or len(assignment.get("assignment", assignment))
-    metrics = control = None
+    link = None
     url = args.database_url or os.environ.get("KALE_DATABASE_URL")
     if url:  # without one the job trains, but records nothing and never sees a newer generation
-        from kale_airflow.metrics.embedded import EmbeddedMetrics
-        from kale_airflow.store import StateStore
-
-        metrics, control = EmbeddedMetrics(url), StateStore(url)
-    backend = rendezvous(args.rendezvous, args.worker_id, total, args.generation, control, device=args.device)
+        # A profiling job is no generation: no heartbeats (status and shadow mode count the
+        # deployment's workers), and no stopping when the deployment's generation changes.
+        link = ControlPlane.for_url(url, heartbeats=not args.profiling, deadline_s=args.database_wait)
+        link.open()
+    backend = rendezvous(args.rendezvous, args.worker_id, total, args.generation, link, device=args.device)
     worker = Worker(open_stream(args.stream), args.group, slices, args.checkpoint_dir, args.worker_id,
                     args.generation, total, args.batch_size, checkpoint_every=args.checkpoint_every,
-                    # A profiling job is no generation: no heartbeats (status and shadow mode count
-                    # the deployment's workers), and no stopping when the deployment's generation changes.
-                    metrics=metrics, control=None if args.profiling else control, audit=args.audit,
-                    step_time_s=args.step_time, step_log=args.step_log, device=args.device, amp=args.amp)
+                    control=link, audit=args.audit, step_time_s=args.step_time, step_log=args.step_log,
+                    device=args.device, amp=args.amp, allow_fresh_model=args.allow_fresh_model)
     try:  # /metrics on $KALE_METRICS_PORT, when set
         exposition.serve(None, worker=args.worker_id, generation=args.generation, workers=total,
                          restored=worker.restored_from is not None)
@@ -557,7 +769,12 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no mutate block
     log.info("joined a job of %d rank(s) (%s) on %s%s, generation %s, %d slice(s), restored from %s at step %d",
              total, backend or "no process group", worker.device, " (bf16 autocast)" if worker.amp else "",
              args.generation, len(slices), worker.restored_from, worker.steps)
-    worker.run(max_steps=args.max_steps, exit_when_idle=args.exit_when_idle, report_every_s=args.report_every)
+    try:
+        worker.run(max_steps=args.max_steps, exit_when_idle=args.exit_when_idle, report_every_s=args.report_every)
+    except Exception:
+        if link is not None:  # a pod has no supervisor to say so: no dead worker keeps saying "running"
+            link.heartbeat(args.generation, args.worker_id, "failed", wait_s=5.0)
+        raise
     if backend:
         import torch.distributed as dist
 

@@ -9,9 +9,11 @@ from kale_airflow.control.shadow import as_flag
 
 class ScalingSensor(BaseSensorOperator):
     """Completes with the decision (XCom) when the stabilized decision differs from the
-    running worker count. ``deferrable=True`` (default) polls in the triggerer; otherwise
-    each poke is one observation and decision. ``max_polls`` bounds one deferral; the
-    sensor then completes with a hold so the next DAG run continues (state persists)."""
+    running worker count; the decision names the generation it saw as current
+    (``current_generation``), which applying it compares and swaps. ``deferrable=True``
+    (default) polls in the triggerer; otherwise each poke is one observation and decision.
+    ``max_polls`` bounds one deferral; the sensor then completes with a hold so the next
+    DAG run continues (state persists)."""
 
     template_fields = ("poll_interval_s", "max_polls", "shadow")
 
@@ -41,14 +43,13 @@ class ScalingSensor(BaseSensorOperator):
         return super().execute(context)
 
     def poke(self, context) -> PokeReturnValue:
+        from kale_airflow.control.generations import decision_event
+
         if self._autoscaler is None:
             from kale_airflow.control.autoscaler import Autoscaler
 
             self._autoscaler = Autoscaler.from_environment(as_flag(self.shadow))
-        decision, obs = self._autoscaler.poke()
-        done = decision.workers != obs.workers
-        return PokeReturnValue(done, {"status": "scale" if done else "hold", "current": obs.workers,
-                                      "shadow": self._autoscaler.shadow, **decision.to_dict()})
+        return PokeReturnValue(*decision_event(self._autoscaler))
 
     def execute_complete(self, context, event: dict) -> dict:
         self.log.info("%sdecision: %s -> %s (%s): %s", "shadow " if event.get("shadow") else "", event["current"],

@@ -2,30 +2,33 @@
 ``postgresql://user:password@host/db`` (production, through the psycopg 3 driver).
 
 :func:`open_database` returns one :class:`Database` per URL and process: the engine
-(``pool_pre_ping``) with the schema created and its version checked on first open.
-SQLite connections run in WAL mode with a busy timeout, so local workers, Airflow task
-processes and the API server can all write the same file.
+(``pool_pre_ping``) with the schema at the head revision on first open: created when the
+database is empty, upgraded when it is behind and auto-upgrade is on, refused otherwise
+(:mod:`kale_airflow.store.migrate`). SQLite connections run in WAL mode with a busy
+timeout, so local workers, Airflow task processes and the API server can all write the
+same file.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sqlalchemy import Connection, Engine, create_engine, event, exc, insert, select
+from sqlalchemy import Connection, Engine, create_engine, event, exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
 
 from kale_airflow.core.errors import KaleError
-from kale_airflow.store import schema
 
 BUSY_TIMEOUT_MS = 30_000
 CONNECT_TIMEOUT_S = 10
-# pg_advisory_xact_lock key ("kale" in ASCII): serializes schema creation and seeding across processes.
+# pg_advisory_xact_lock key ("kale" in ASCII): serializes schema creation and upgrades across processes.
 ADVISORY_LOCK = 0x6B616C65
+AUTO_UPGRADE_ENV = "KALE_DB_AUTO_UPGRADE"
 
 
 class DatabaseError(KaleError, RuntimeError):
@@ -38,6 +41,29 @@ class DatabaseUnavailable(DatabaseError):
 
 class SchemaVersionError(DatabaseError):
     """The database was written by another version of kale-airflow's schema."""
+
+
+class SchemaUpgradeRequired(SchemaVersionError):
+    """The database's schema is behind this kale-airflow's and auto-upgrade is off: the message
+    names ``kale db upgrade`` and ``KALE_DB_AUTO_UPGRADE``."""
+
+
+def auto_upgrade(dialect: str) -> bool:
+    """Whether opening a control-plane database whose schema is behind upgrades it
+    (``KALE_DB_AUTO_UPGRADE``). Unset: yes for SQLite (the embedded default has one user, and
+    ``make demo`` or a fresh machine must keep working across versions), no for PostgreSQL
+    (shared by every component of a deployment: ``kale db upgrade`` is run once, on purpose,
+    before the new version rolls out). Read here, not in ``kale_airflow.config``, so that
+    opening a store stays light (that package loads the policy's numerical stack)."""
+    raw = os.environ.get(AUTO_UPGRADE_ENV, "").strip().lower()
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    if raw:
+        raise DatabaseError(f"{AUTO_UPGRADE_ENV}={os.environ[AUTO_UPGRADE_ENV]!r}: expected 1 or 0 (true/false, "
+                            "yes/no, on/off), or unset for the default (on for SQLite, off for PostgreSQL)")
+    return dialect == "sqlite"
 
 
 def normalize_url(url: str | Path) -> URL:
@@ -60,22 +86,55 @@ def normalize_url(url: str | Path) -> URL:
     return parsed
 
 
-def masked(url: str | URL) -> str:
-    """The URL as it may be logged: the password replaced by ``***``."""
-    try:
-        return (url if isinstance(url, URL) else make_url(str(url))).render_as_string(hide_password=True)
-    except exc.ArgumentError:
-        return "<unparseable database URL>"
+# ``scheme://user:password@``: as in SQLAlchemy's parser the password may hold "/" and ":", and it
+# runs to the last "@" of the word, so an unencoded "@" in it is masked too (SQLAlchemy shows
+# what follows its first "@"). Quotes end it: URLs inside reprs and JSON.
+_URL_PASSWORD = re.compile(r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s:/@'\"]*):(?P<pw>[^\s'\"]+)@")
+# ``user:password@host`` without a scheme (a DSN's authority, an error quoting one).
+_BARE_PASSWORD = re.compile(r"(?P<head>(?<![\w.%+:/-])[\w.%+-]+):(?P<pw>[^\s/'\"]+)@")
+# ``password=...``, ``token=...`` and the like: query strings, DSNs, settings in reprs.
+_SECRET_PARAM = re.compile(r"(?P<head>\b(?:password|passwd|pwd|secret|token|access_token|api_key|apikey)=)"
+                           r"[^\s&;,'\"()\[\]{}<>]+", re.IGNORECASE)
+
+
+def masked(url: str | URL | object) -> str:
+    """``url`` as it may be logged, stored or shown: any URL (database, MLflow, Kafka) or any
+    message, with the password of every ``user:password@`` and the value of every
+    ``password=``/``token=``-like parameter replaced by ``***`` (idempotent)."""
+    text = url.render_as_string(hide_password=True) if isinstance(url, URL) else str(url)
+    for pattern, hidden in ((_URL_PASSWORD, r"\g<head>:***@"), (_BARE_PASSWORD, r"\g<head>:***@"),
+                            (_SECRET_PARAM, r"\g<head>***")):
+        text = pattern.sub(hidden, text)
+    return text
+
+
+def masked_values(doc):
+    """``doc`` (JSON-like: dicts, lists, strings) with :func:`masked` applied to every string,
+    for what is stored or served (decision messages and details, status, the UI)."""
+    if isinstance(doc, str):
+        return masked(doc)
+    if isinstance(doc, dict):
+        return {k: masked_values(v) for k, v in doc.items()}
+    if isinstance(doc, list | tuple):
+        return type(doc)(masked_values(v) for v in doc)
+    return doc
 
 
 class Database:
     """One engine over the control-plane database, with the dialect's upsert and a cross-process lock."""
 
-    def __init__(self, url: str | Path):
+    def __init__(self, url: str | Path, *, prepare: bool = True):
+        """``prepare``: bring the schema to the head revision now (False: ``kale db`` commands,
+        which inspect or migrate it themselves)."""
         self.url = normalize_url(url)
         self.dialect = self.url.get_backend_name()
         self.engine = self._engine()
-        self._create_schema()
+        if prepare:
+            try:
+                self._prepare_schema()
+            except BaseException:
+                self.engine.dispose()  # refused: no pooled connection outlives this object
+                raise
 
     def __repr__(self) -> str:
         return f"Database({masked(self.url)!r})"
@@ -127,38 +186,36 @@ class Database:
             yield conn
 
     @contextmanager
-    def begin(self) -> Iterator[Connection]:
-        """A transaction, committed on success."""
-        with self.connect() as conn, conn.begin():
-            yield conn
+    def begin(self, *, write_lock: bool = False) -> Iterator[Connection]:
+        """A transaction, committed on success.
+
+        ``write_lock``: on SQLite, take the write lock at BEGIN (IMMEDIATE), for a transaction
+        that reads before it writes: a deferred one cannot turn its read lock into the write
+        lock once another writer committed, and fails at once instead of waiting its turn.
+        PostgreSQL needs nothing: its row locks and constraints arbitrate."""
+        with self.connect() as conn:
+            if write_lock:
+                conn = conn.execution_options(kale_lock=True)
+            with conn.begin():
+                yield conn
 
     @contextmanager
     def locked(self) -> Iterator[Connection]:
         """A transaction that holds a database-wide lock, for check-then-write sequences
-        (schema creation, seeding) that several processes may run at once."""
-        with self.connect() as conn:
-            conn = conn.execution_options(kale_lock=True)
-            with conn.begin():
-                if self.dialect == "postgresql":
-                    conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK})")
-                yield conn
+        (schema creation and upgrades) that several processes may run at once."""
+        with self.begin(write_lock=True) as conn:
+            if self.dialect == "postgresql":
+                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK})")
+            yield conn
 
     def insert(self, table):
         """The dialect's INSERT, which has ``on_conflict_do_update``/``on_conflict_do_nothing``."""
         return (postgresql.insert if self.dialect == "postgresql" else sqlite.insert)(table)
 
-    def _create_schema(self) -> None:
-        with self.locked() as c:
-            schema.metadata.create_all(c)  # checkfirst: existing tables are kept
-            found = c.execute(select(schema.schema_version.c.version)).scalars().all()
-            if not found:
-                c.execute(insert(schema.schema_version).values(version=schema.SCHEMA_VERSION))
-        if found and found != [schema.SCHEMA_VERSION]:
-            raise SchemaVersionError(
-                f"the control-plane database {masked(self.url)} has schema version "
-                f"{', '.join(map(str, found))}, this kale-airflow expects {schema.SCHEMA_VERSION}; "
-                "upgrade kale-airflow (or point KALE_DATABASE_URL at a new database) rather than sharing it "
-                "between versions")
+    def _prepare_schema(self) -> None:
+        from kale_airflow.store import migrate
+
+        migrate.prepare(self, auto_upgrade=auto_upgrade(self.dialect))
 
     def dispose(self) -> None:
         """Close the pooled connections."""

@@ -1,16 +1,52 @@
 """The control-plane state: shard assignments per generation, control keys (the current
-generation, autoscaler state) and the decision log, in the control-plane database."""
+generation, autoscaler state), the generations decisions made, and the decision log, in the
+control-plane database."""
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import func, or_, select, update
 
 from kale_airflow.store.database import Database, open_database
-from kale_airflow.store.schema import assignments, control, decisions
+from kale_airflow.store.schema import GENERATION_COUNTER, assignments, control, counters, decisions, generations
+
+# Outcomes of StateStore.apply_generation.
+APPLIED, RETRIED, SUPERSEDED, UNCHANGED = "applied", "retried", "superseded", "unchanged"
+
+
+def generation_name(seq: int, workers: int) -> str:
+    """A generation's name: its place in the database's order and its size (``g000042-4w``)."""
+    return f"g{seq:06d}-{workers}w"
+
+
+@dataclass(frozen=True)
+class AppliedGeneration:
+    """What applying a decision did.
+
+    ``outcome``: ``applied`` (this call made the generation), ``retried`` (an earlier call
+    with the same decision did), ``superseded`` (the generation the decision saw is no longer
+    current: nothing changed) or ``unchanged`` (the current generation already has that
+    size). ``generation``/``workers``: the decision's generation for the first two, the
+    current one otherwise. ``started``: whether a training run started its workers (None:
+    no decision made it, so it is not recorded)."""
+
+    outcome: str
+    generation: str | None
+    workers: int | None
+    started: bool | None
+
+    @property
+    def applied(self) -> bool:
+        """The decision's generation exists (made now or by an earlier try)."""
+        return self.outcome in (APPLIED, RETRIED)
+
+
+class _Superseded(Exception):
+    """Raised inside the apply transaction to roll it back: another generation became current."""
 
 
 class StateStore:
@@ -38,11 +74,14 @@ class StateStore:
         return None if row is None else {"workers": row[0], **json.loads(row[1])}
 
     def latest(self, name: str, before: str | None = None) -> tuple[str, dict] | None:
-        """The most recent (generation, assignment), optionally excluding one generation."""
+        """The most recent (generation, assignment), optionally excluding one generation.
+
+        "Recent" in the database's order of generations (``seq``), never the clock: a clock
+        stepped back must not make an older generation the previous one of the next."""
         with self.db.connect() as c:
             row = c.execute(select(assignments.c.generation, assignments.c.workers, assignments.c.doc)
                             .where(assignments.c.name == name, assignments.c.generation != (before or ""))
-                            .order_by(assignments.c.created.desc()).limit(1)).first()
+                            .order_by(assignments.c.seq.desc()).limit(1)).first()
         return None if row is None else (row[0], {"workers": row[1], **json.loads(row[2])})
 
     def set_current_generation(self, generation: str, workers: int | None = None) -> None:
@@ -140,12 +179,108 @@ class StateStore:
         """Write once: returns False (and keeps the first) if the generation already has one.
 
         INSERT .. ON CONFLICT DO NOTHING on the (name, generation) key: of several processes
-        racing, the database lets exactly one insert; the others change nothing."""
-        stmt = (self.db.insert(assignments)
-                .values(name=name, generation=generation, workers=int(workers), doc=json.dumps(doc),
-                        created=time.time())
-                .on_conflict_do_nothing(index_elements=[assignments.c.name, assignments.c.generation])
-                # RETURNING rather than rowcount, which not every driver reports for this statement.
-                .returning(assignments.c.generation))
-        with self.db.begin() as c:
+        racing, the database lets exactly one insert; the others change nothing. The row's
+        ``seq`` is its generation's (or, for a generation named by hand, the counter's next)."""
+        with self.db.begin(write_lock=True) as c:
+            seq = c.execute(select(generations.c.seq).where(generations.c.name == generation)).scalar()
+            stmt = (self.db.insert(assignments)
+                    .values(name=name, generation=generation, seq=seq if seq is not None else self._next_seq(c),
+                            workers=int(workers), doc=json.dumps(doc), created=time.time())
+                    .on_conflict_do_nothing(index_elements=[assignments.c.name, assignments.c.generation])
+                    # RETURNING rather than rowcount, which not every driver reports for this statement.
+                    .returning(assignments.c.generation))
             return c.execute(stmt).first() is not None
+
+    # ------------------------------------------------------------ generations
+    def _next_seq(self, c) -> int:
+        """The counter's next value, in the caller's transaction (rolled back with it)."""
+        stmt = self.db.insert(counters).values(name=GENERATION_COUNTER, value=1)
+        stmt = stmt.on_conflict_do_update(index_elements=[counters.c.name], set_={"value": counters.c.value + 1})
+        return int(c.execute(stmt.returning(counters.c.value)).scalar_one())
+
+    def generation(self, name: str) -> dict | None:
+        """The record of a generation a decision made (None: no decision made ``name``)."""
+        with self.db.connect() as c:
+            row = c.execute(select(generations).where(generations.c.name == name)).first()
+        return None if row is None else dict(row._mapping)
+
+    def apply_generation(self, decision: str, run_id: str, expected: str | None, workers: int,
+                         now: float | None = None) -> AppliedGeneration:
+        """Make generation ``g<seq>-<workers>w`` current if ``expected`` still is, atomically.
+
+        One transaction: the generation's row (unique per ``decision``, so a retried or
+        concurrent repeat of one decision finds the first one's generation), its number from
+        the counter, and a compare-and-set of the current generation from ``expected``
+        (None: no generation yet) to it, with its size. If another generation became current
+        first, everything is rolled back and the outcome is ``superseded``."""
+        now = time.time() if now is None else now
+        try:
+            with self.db.begin(write_lock=True) as c:
+                return self._apply_in(c, decision, run_id, expected, int(workers), now)
+        except _Superseded:
+            pass
+        with self.db.connect() as c:
+            return self._current_as(c, SUPERSEDED)
+
+    def _apply_in(self, c, decision: str, run_id: str, expected: str | None, workers: int,
+                  now: float) -> AppliedGeneration:
+        done = self._made_by(c, decision)
+        if done is not None:
+            return done
+        found = self._current_as(c, SUPERSEDED)
+        if found.generation != expected:
+            return found
+        if found.generation is not None and found.workers == workers:
+            return AppliedGeneration(UNCHANGED, found.generation, found.workers, found.started)
+        seq = self._next_seq(c)
+        name = generation_name(seq, workers)
+        g = generations.c
+        stmt = (self.db.insert(generations)
+                .values(seq=seq, name=name, workers=workers, previous=expected,
+                        decision=decision, run_id=run_id, created=now)
+                .on_conflict_do_nothing(index_elements=[g.decision]).returning(g.seq))
+        if c.execute(stmt).first() is None:  # a concurrent call with this decision committed first
+            return self._made_by(c, decision)
+        if not self._swap_current(c, expected, name):
+            raise _Superseded
+        c.execute(self._upsert("generation_meta", json.dumps({"workers": workers, "since": now})))
+        return AppliedGeneration(APPLIED, name, workers, False)
+
+    def _made_by(self, c, decision: str) -> AppliedGeneration | None:
+        g = generations.c
+        row = c.execute(select(g.name, g.workers, g.started).where(g.decision == decision)).first()
+        return None if row is None else AppliedGeneration(RETRIED, row[0], row[1], row[2] is not None)
+
+    def _current_as(self, c, outcome: str) -> AppliedGeneration:
+        rows = dict(c.execute(select(control.c.key, control.c.value)
+                              .where(control.c.key.in_(("generation", "generation_meta")))).all())
+        current = rows.get("generation")
+        started = c.execute(select(generations.c.started).where(generations.c.name == current)).first()
+        return AppliedGeneration(outcome, current, json.loads(rows.get("generation_meta") or "{}").get("workers"),
+                                 None if started is None else started[0] is not None)
+
+    def _swap_current(self, c, expected: str | None, name: str) -> bool:
+        """Compare-and-set of the current generation, one statement: True if it was ``expected``."""
+        if expected is None:
+            stmt = (self.db.insert(control).values(key="generation", value=name)
+                    .on_conflict_do_nothing(index_elements=[control.c.key]).returning(control.c.key))
+            return c.execute(stmt).first() is not None
+        stmt = (update(control).where(control.c.key == "generation", control.c.value == expected)
+                .values(value=name))
+        return c.execute(stmt).rowcount == 1
+
+    def claim_generation(self, name: str, run_id: str, now: float | None = None) -> bool | None:
+        """Record that training run ``run_id`` starts the workers of generation ``name``.
+
+        True: the generation is that run's (the first claim, or the same run again: a retry);
+        False: another run claimed it (two jobs must never train one generation's slices);
+        None: no decision made ``name`` (a generation named by hand), so nothing is recorded."""
+        g = generations.c
+        now = time.time() if now is None else now
+        stmt = (update(generations).where(g.name == name, or_(g.started_by.is_(None), g.started_by == run_id))
+                .values(started=func.coalesce(g.started, now), started_by=run_id))
+        with self.db.begin() as c:
+            if c.execute(stmt).rowcount:
+                return True
+            exists = c.execute(select(g.seq).where(g.name == name)).first()
+        return None if exists is None else False

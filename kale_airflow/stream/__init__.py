@@ -1,7 +1,7 @@
 """Sample stream backends behind one protocol (:class:`~.base.Stream`): embedded (SQLite,
 default) and Kafka, opened by URL."""
 
-from kale_airflow.stream.base import Record, Stream, StreamError
+from kale_airflow.stream.base import Record, Stream, StreamError, StreamPositionError
 
 
 def open_stream(url: str) -> Stream:
@@ -20,4 +20,4 @@ def open_stream(url: str) -> Stream:
                       "or airflow-conn://CONN_ID/TOPIC")
 
 
-__all__ = ["Record", "Stream", "StreamError", "open_stream"]
+__all__ = ["Record", "Stream", "StreamError", "StreamPositionError", "open_stream"]

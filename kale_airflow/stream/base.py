@@ -12,6 +12,7 @@ from typing import Protocol
 import numpy as np
 
 from kale_airflow.core.errors import KaleError
+from kale_airflow.store.database import masked
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,10 +50,26 @@ class Stream(Protocol):
 
     def end_offsets(self) -> dict[int, int]: ...
 
+    def watermarks(self) -> dict[int, tuple[int, int]]:
+        """(log start, log end) per partition, as the log holds them now: the first offset
+        still stored and the next offset to be written. A consumer position outside that range
+        names records the log no longer has (deleted by retention), or never had (an emptied or
+        recreated log): reading on would skip records silently, so the worker checks it."""
+        ...
+
     def lag(self, group: str) -> dict[int, int]: ...
 
     def arrivals(self, since_ts: float, until_ts: float | None = None) -> dict[int, int]: ...
 
 
 class StreamError(KaleError, RuntimeError):
-    """The stream cannot serve the request; the message says what to check."""
+    """The stream cannot serve the request; the message says what to check. It is masked
+    where it is made: stream URLs and client errors may carry credentials."""
+
+    def __init__(self, message: str):
+        super().__init__(masked(message))
+
+
+class StreamPositionError(StreamError):
+    """A consumer position lies outside its partition's log (past the log end, or below the
+    log start); the message names partition, position and the log's range."""

@@ -56,4 +56,6 @@ class KaleKafkaHook(BaseHook):
             topics = AdminClient({**settings, "bootstrap.servers": bootstrap}).list_topics(timeout=10).topics
             return True, f"Kafka at {bootstrap} answers ({len(topics)} topics)"
         except Exception as exc:  # noqa: BLE001 - the UI shows the message
-            return False, str(exc)
+            from kale_airflow.store.database import masked
+
+            return False, masked(exc)

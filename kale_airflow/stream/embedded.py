@@ -117,6 +117,13 @@ class EmbeddedStream:
         """Next offset to be written, per partition."""
         return dict(self._db.execute("SELECT partition, next_offset FROM ends ORDER BY partition").fetchall())
 
+    def watermarks(self) -> dict[int, tuple[int, int]]:
+        """(first stored offset, next offset to be written) per partition; an empty
+        partition's start is its end."""
+        rows = self._db.execute("SELECT e.partition, (SELECT MIN(r.offset) FROM records r WHERE r.partition = "
+                                "e.partition), e.next_offset FROM ends e ORDER BY e.partition").fetchall()
+        return {p: (end if low is None else low, end) for p, low, end in rows}
+
     def lag(self, group: str) -> dict[int, int]:
         """Unconsumed records per partition for a group."""
         commits = dict(self._db.execute("SELECT partition, offset FROM commits WHERE grp = ?", (group,)).fetchall())

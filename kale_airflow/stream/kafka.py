@@ -29,13 +29,22 @@ Design (one process = one :class:`KafkaStream`):
   the process observes over time instead of Kafka's time index (for brokers without one).
 - **Appends**: one idempotent producer (``linger.ms=5``): ``produce`` every payload, one
   ``flush`` per call.
+- **Positions outside the log** are never skipped over: ``auto.offset.reset`` is ``error``
+  (an out-of-range fetch fails the read with :class:`~.base.StreamPositionError` instead of
+  jumping to the log's start or end), and ``watermarks()`` gives the worker each partition's
+  (log start, log end) to check its positions against (a broker restarted with empty storage
+  answers fetches past its end with no records and no error).
 
 Settings: ``kafka://HOST:PORT[,HOST:PORT]/TOPIC`` or ``airflow-conn://CONN_ID/TOPIC`` (an
 Airflow Connection of type ``kafka``: host/port → ``bootstrap.servers``, login/password →
 SASL username/password, extra JSON → librdkafka settings), plus the environment variable
 ``KALE_KAFKA_CONFIG`` (a JSON object of librdkafka settings; keys prefixed ``producer.`` or
-``consumer.`` go to that client only; keys prefixed ``kale.`` are Kale's own: ``kale.arrivals``).
-Credentials never go in URLs; reprs and errors mask them.
+``consumer.`` go to that client only; keys prefixed ``kale.`` are Kale's own: ``kale.arrivals``)
+and ``KALE_KAFKA_SASL_USERNAME``/``KALE_KAFKA_SASL_PASSWORD`` (``sasl.username``/``sasl.password``,
+over both). A SASL username without a protocol or mechanism means SASL_SSL with PLAIN. Worker
+pods get these variables from a Secret (``secretKeyRef``; the chart's ``kafka.existingSecret``):
+no Airflow Connection can be read inside a pod. Credentials never go in URLs; reprs and errors
+mask them.
 """
 
 from __future__ import annotations
@@ -54,7 +63,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from kale_airflow.stream.base import Record, StreamError
+from kale_airflow.stream.base import Record, StreamError, StreamPositionError
 
 _ERROR, _PARTITION, _OFFSET, _VALUE, _TIMESTAMP = (methodcaller(n) for n in ("error", "partition", "offset", "value",
                                                                              "timestamp"))
@@ -62,14 +71,17 @@ _MS = itemgetter(1)
 ARRIVALS = ("timestamps", "end-offsets")  # kale.arrivals: how arrivals() counts
 OFFSET_INVALID = -1001  # librdkafka: no committed offset / unknown watermark
 CONFIG_ENV = "KALE_KAFKA_CONFIG"
+SASL_USERNAME_ENV, SASL_PASSWORD_ENV = "KALE_KAFKA_SASL_USERNAME", "KALE_KAFKA_SASL_PASSWORD"
 SECRET_WORDS = ("password", "secret", "jaas", "token", "oauthbearer.config", "ssl.key.pem", "keystore")
 
 PRODUCER_DEFAULTS = {"enable.idempotence": True, "linger.ms": 5}
 # fetch.wait.max.ms: a partition resumed or moved by seek waits for the fetch in flight (a
 # long poll of the other partitions, librdkafka's default 500 ms); 100 ms bounds that wait
 # at the price of at most 10 empty fetches a second per broker when nothing arrives.
+# auto.offset.reset "error": a position outside the log (records deleted by retention, a log
+# emptied or recreated) must fail the read, never jump silently to another offset.
 CONSUMER_DEFAULTS = {"group.id": "kale-reader", "enable.auto.commit": False, "enable.auto.offset.store": False,
-                     "auto.offset.reset": "earliest", "enable.partition.eof": True, "fetch.wait.max.ms": 100}
+                     "auto.offset.reset": "error", "enable.partition.eof": True, "fetch.wait.max.ms": 100}
 
 
 def mask(config: dict) -> dict:
@@ -78,18 +90,32 @@ def mask(config: dict) -> dict:
 
 
 def env_config() -> dict:
-    """librdkafka settings from ``KALE_KAFKA_CONFIG`` (a JSON object), {} when unset."""
+    """librdkafka settings from the environment: ``KALE_KAFKA_CONFIG`` (a JSON object), then
+    ``KALE_KAFKA_SASL_USERNAME``/``_PASSWORD`` as ``sasl.username``/``sasl.password``; {} when unset."""
     text = os.environ.get(CONFIG_ENV, "").strip()
-    if not text:
-        return {}
-    try:
-        conf = json.loads(text)
-    except json.JSONDecodeError as exc:  # never echo the text: it may hold a password
-        raise StreamError(f"{CONFIG_ENV} is not valid JSON (error at character {exc.pos}); "
-                          "it must be a JSON object of librdkafka settings") from None
-    if not isinstance(conf, dict):
-        raise StreamError(f"{CONFIG_ENV} must be a JSON object of librdkafka settings")
+    conf = {}
+    if text:
+        try:
+            conf = json.loads(text)
+        except json.JSONDecodeError as exc:  # never echo the text: it may hold a password
+            raise StreamError(f"{CONFIG_ENV} is not valid JSON (error at character {exc.pos}); "
+                              "it must be a JSON object of librdkafka settings") from None
+        if not isinstance(conf, dict):
+            raise StreamError(f"{CONFIG_ENV} must be a JSON object of librdkafka settings")
+    for env, key in ((SASL_USERNAME_ENV, "sasl.username"), (SASL_PASSWORD_ENV, "sasl.password")):
+        if os.environ.get(env):
+            conf[key] = os.environ[env]
     return conf
+
+
+def sasl_defaults(config: dict) -> dict:
+    """``config`` with SASL_SSL and the PLAIN mechanism when it has a SASL username but names
+    no protocol or mechanism (what Kafka services with a username and password expect)."""
+    if config.get("sasl.username"):
+        config.setdefault("security.protocol", "SASL_SSL")
+        if "sasl.mechanisms" not in config:
+            config.setdefault("sasl.mechanism", "PLAIN")
+    return config
 
 
 def connection_config(conn_id: str) -> tuple[str, dict]:
@@ -115,12 +141,9 @@ def connection_config(conn_id: str) -> tuple[str, dict]:
                           "(or bootstrap.servers in its extra)")
     if conn.login:
         config.setdefault("sasl.username", conn.login)
-        config.setdefault("security.protocol", "SASL_SSL")
-        if "sasl.mechanisms" not in config:
-            config.setdefault("sasl.mechanism", "PLAIN")
     if conn.password:
         config.setdefault("sasl.password", conn.password)
-    return bootstrap, config
+    return bootstrap, sasl_defaults(config)
 
 
 class _Buffer:
@@ -299,7 +322,7 @@ class KafkaStream:
                               "airflow-conn://CONN_ID/TOPIC")
         config.update(env_config())
         bootstrap = config.pop("bootstrap.servers", bootstrap)
-        return cls(bootstrap, topic, config, **kwargs)
+        return cls(bootstrap, topic, sasl_defaults(config), **kwargs)
 
     def __repr__(self) -> str:
         extra = mask({k: v for k, v in self.config.items() if k != "bootstrap.servers"})
@@ -383,6 +406,19 @@ class KafkaStream:
         ends = dict(sorted(ends.items()))
         self._ends_seen.add(time.time(), ends)
         return ends
+
+    def watermarks(self) -> dict[int, tuple[int, int]]:
+        """(log start, log end) per partition: ListOffsets earliest and latest (two requests),
+        the end raised to the high watermark of this process's last fetch response (exact where
+        a broker's ListOffsets is not, see tests/stream/test_kafka.py), but not to what this
+        process has read: a log emptied under it must show its new, lower end."""
+        from confluent_kafka.admin import OffsetSpec
+
+        starts, ends = self._list_offsets(OffsetSpec.earliest), self._list_offsets(OffsetSpec.latest)
+        for p in self._buffers:
+            if p in ends:
+                ends[p] = max(ends[p], self.consumer.get_watermark_offsets(self._tp(p), cached=True)[1])
+        return {p: (max(0, starts.get(p, 0)), max(0, end)) for p, end in sorted(ends.items())}
 
     def arrivals(self, since_ts: float, until_ts: float | None = None) -> dict[int, int]:
         """Records appended per partition in [since, until): from the offsets at those times
@@ -534,8 +570,23 @@ class KafkaStream:
                 buf = self._buffers.get(m.partition())
                 if buf is not None and m.offset() >= buf.next:
                     buf.eof = True
+            elif err.code() in (self._ck.KafkaError._AUTO_OFFSET_RESET, self._ck.KafkaError.OFFSET_OUT_OF_RANGE):
+                self._out_of_range(m.partition(), err)
             elif err.fatal() or not err.retriable():
                 raise StreamError(f"Kafka read error on {self.topic!r}[{m.partition()}]: {err}")
+
+    def _out_of_range(self, partition: int, err) -> None:
+        """The broker has no record at the position read: raise, naming partition, position and the log."""
+        buf = self._buffers.get(partition)
+        position = buf.next if buf is not None else "?"
+        try:
+            low, high = self.watermarks().get(partition, ("?", "?"))
+        except StreamError:
+            low = high = "?"
+        raise StreamPositionError(
+            f"Kafka topic {self.topic!r} partition {partition}: position {position} is outside the log (log start "
+            f"{low}, end {high}; {err}): records were deleted before they were read, or the log was emptied or "
+            "recreated; reading on would skip records, so the read fails instead")
 
     def _fill(self, partition: int, offset: int, max_records: int) -> _Buffer:
         """The partition's buffer holding up to ``max_records`` from ``offset`` (fewer at the end

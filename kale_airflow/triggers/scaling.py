@@ -10,7 +10,8 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 class ScalingTrigger(BaseTrigger):
     """Every ``poll_interval_s``, observe and decide; fire when the decided worker count
-    differs from the running one, or after ``max_polls`` with the last hold.
+    differs from the running one, or after ``max_polls`` with the last hold (the event of
+    :func:`~kale_airflow.control.generations.decision_event`).
 
     ``shadow`` (None: as configured) decides and records without ever applying; the
     event then says ``"shadow": true`` and the scale task starts nothing.
@@ -29,16 +30,15 @@ class ScalingTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from kale_airflow.control.autoscaler import Autoscaler
+        from kale_airflow.control.generations import decision_event
 
         autoscaler = await asyncio.to_thread(Autoscaler.from_environment, self.shadow)
-        decision = obs = None
+        event = None
         for i in range(self.max_polls):
-            decision, obs = await asyncio.to_thread(autoscaler.poke)
-            if decision.workers != obs.workers:
-                yield TriggerEvent({"status": "scale", "current": obs.workers, "shadow": autoscaler.shadow,
-                                    **decision.to_dict()})
+            done, event = await asyncio.to_thread(decision_event, autoscaler)
+            if done:
+                yield TriggerEvent(event)
                 return
             if i + 1 < self.max_polls:
                 await asyncio.sleep(self.poll_interval_s)
-        yield TriggerEvent({"status": "hold", "current": obs.workers, "shadow": autoscaler.shadow,
-                            **decision.to_dict()})
+        yield TriggerEvent(event)  # the last hold

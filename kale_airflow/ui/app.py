@@ -2,7 +2,11 @@
 
 Plugin apps are served without authentication unless their routes ask for it, so every
 route depends on Airflow's ``get_user`` (a valid Airflow JWT, from the Authorization header
-or the UI's session cookie); anonymous requests get 401.
+or the UI's session cookie; anonymous requests get 401) and on a permission asked of the
+deployment's auth manager (SimpleAuthManager, FAB, Keycloak...): read access to the
+``kale_autoscaler`` DAG, whose decisions the page shows; a user without it gets 403.
+Everything served is masked (:func:`~kale_airflow.store.database.masked`): a recorded
+message or an MLflow error may quote a URL with its password.
 """
 
 from __future__ import annotations
@@ -11,12 +15,17 @@ import html
 import os
 import time
 
-from airflow.api_fastapi.core_api.security import get_user
+from airflow.api_fastapi.core_api.security import get_user, requires_access_dag
 from fastapi import Depends, FastAPI
 from fastapi.responses import HTMLResponse, Response
 
-TITLE, DESCRIPTION = "Kale", "Kale autoscaler: forecasts, workers and decisions"
+from kale_airflow.store.database import masked, masked_values
 
+TITLE, DESCRIPTION = "Kale", "Kale autoscaler: forecasts, workers and decisions"
+AUTOSCALER_DAG_ID = "kale_autoscaler"
+# Airflow's own check (the auth manager's is_authorized_dag, with the DAG's team when
+# multi-team is on), so a role's DAG permissions govern the page as they govern the DAG's views.
+can_read_kale = requires_access_dag("GET", param_dag_id=AUTOSCALER_DAG_ID)
 
 
 def _store():  # pragma: no mutate block
@@ -30,8 +39,8 @@ def _state(limit: int = 500) -> dict:  # pragma: no mutate block
     from kale_airflow.config import settings
 
     store = _store()
-    return {"decisions": store.decisions(limit), "current": store.current(), "models": _models(settings()),
-            "shadow": _shadow(store)}
+    return masked_values({"decisions": store.decisions(limit), "current": store.current(),
+                          "models": _models(settings()), "shadow": _shadow(store)})
 
 
 def _shadow(store) -> dict | None:  # pragma: no mutate block
@@ -78,7 +87,7 @@ def _models(cfg) -> list[dict]:  # pragma: no mutate block
                             "review": mv.tags.get("kale.review", ""),
                             "url": f"{ui}/#/models/{name}/versions/{mv.version}"})
     except RegistryUnavailable as exc:
-        out.append({"model": "MLflow unavailable", "alias": "", "version": "", "review": str(exc)[:300], "url": ""})
+        out.append({"model": "MLflow unavailable", "alias": "", "version": "", "review": masked(exc)[:300], "url": ""})
     return out
 
 
@@ -151,10 +160,11 @@ td,th{{border-bottom:1px solid #ddd;padding:4px 8px;text-align:left}} tr.change{
 
 def create_app() -> FastAPI:
     """The plugin's app (``app`` below; tests build fresh ones). Every route depends on
-    Airflow's ``get_user``; FastAPI's own documentation routes (/docs, /redoc,
-    /openapi.json), which app-level dependencies do not cover and which would answer
-    anonymous requests, are switched off."""
-    new = FastAPI(dependencies=[Depends(get_user)], docs_url=None, redoc_url=None, openapi_url=None)
+    Airflow's ``get_user`` and on :data:`can_read_kale`; FastAPI's own documentation routes
+    (/docs, /redoc, /openapi.json), which app-level dependencies do not cover and which would
+    answer anonymous requests, are switched off."""
+    new = FastAPI(dependencies=[Depends(get_user), Depends(can_read_kale)], docs_url=None, redoc_url=None,
+                  openapi_url=None)
     new.title, new.description = TITLE, DESCRIPTION  # pragma: no mutate - cosmetic: only the (off) OpenAPI doc shows them
     new.get("/api/state")(state)
     new.get("/plot.png")(plot)

@@ -30,15 +30,17 @@ def test_lint_has_no_errors():
 
 FULL = {"mlflow": {"enabled": True, "allowedHosts": ["mlflow.example.com"]}, "dags": {"configMap": True},
         "database": {"url": "postgresql+psycopg://kale:pw@db.kale:5432/kale"}}
+KAFKA = {"kafka": {"existingSecret": "kale-kafka", "configKey": "librdkafka.json", "usernameKey": "username",
+                   "passwordKey": "password"}}
 
 
 @pytest.mark.parametrize("values", [{}, {"mlflow": {"enabled": True}}, {"dags": {"configMap": False},
                                                                         "checkpoints": {"create": False}},
                                     FULL, {"database": {"existingSecret": "airflow-metadata", "secretKey": "connection"}},
                                     {**FULL, "airflow": {"namespace": "kale-training", "workerServiceAccount": "w",
-                                                         "triggererServiceAccount": "t"}}],
+                                                         "triggererServiceAccount": "t"}}, {**FULL, **KAFKA}],
                          ids=["defaults", "with-mlflow", "no-dags-no-pvc", "everything-database-url", "existing-secret",
-                              "one-namespace"])
+                              "one-namespace", "kafka-secret"])
 @pytest.mark.parametrize("version", ["1.25.0", "1.37.0"])
 def test_every_manifest_validates_strictly(chart, values, version):
     docs, _ = render(chart, values)
@@ -175,11 +177,81 @@ def test_service_account_names_are_values(chart):
         ({"config": {"stream_url": "kafka://k:9092/t", "worker_backend": "kubernetes",
                      "kubernetes": {"pool": ""}}}, "/config/kubernetes/pool"),
         ({"mlflow": {"allowedHosts": ["a.example.com,b.example.com"]}}, "/mlflow/allowedHosts/0"),
+        ({"kafka": {"existingSecret": "kale-kafka"}}, "/kafka/passwordKey"),
+        ({"kafka": {"passwordKey": "password"}}, "/kafka/passwordKey"),
+        ({"kafka": {"existingSecret": "Kale_Kafka", "passwordKey": "password"}}, "/kafka/existingSecret"),
+        ({"kafka": {"existingSecret": "kale-kafka", "passwordKey": "a/b"}}, "/kafka/passwordKey"),
+        ({"kafka": {"existingSecret": "kale-kafka", "password": "s3cret"}}, "password"),
+        ({"config": {"stream_url": "kafka://k:9092/t", "worker_backend": "kubernetes",
+                     "kubernetes": {"kafka_secret": "x"}}}, "kafka_secret"),
     ],
     ids=["namespace", "stream-url", "backend", "size", "typo", "url-and-existing-secret", "secret-name", "secret-key",
-         "url-not-a-url", "database-secret-in-config", "schedule-timeout", "pool", "allowed-hosts-comma"],
+         "url-not-a-url", "database-secret-in-config", "schedule-timeout", "pool", "allowed-hosts-comma",
+         "kafka-secret-without-keys", "kafka-keys-without-secret", "kafka-secret-name", "kafka-key",
+         "kafka-plain-password", "kafka-secret-in-config"],
 )
 def test_values_schema_rejects_bad_values(chart, values, where):
     with pytest.raises(helm_python.HelmValuesError) as err:
         chart.validate_schema(values)
     assert where in str(err.value)
+
+
+# ------------------------------------------------------------ Kafka credentials of the worker pods
+def kafka_pod(dep):
+    """A worker pod built from the rendered kale.yaml, as the kale_training DAG builds it."""
+    from kale_airflow.operators.worker_pod import pod_manifest, worker_pod_operator
+    from kale_airflow.runtime.backends import WorkerSpec
+
+    spec = WorkerSpec(stream_url=dep.stream_url, checkpoint_dir="/checkpoints")
+    return pod_manifest(worker_pod_operator(dep.kubernetes, spec, "g1", 0, 2, {"assignment": {"0": [["0", 1.0]]}}))
+
+
+SECRET_DATA = {"librdkafka.json": '{"sasl.mechanism": "SCRAM-SHA-512", "ssl.ca.location": "/etc/ca.pem"}',
+               "username": "kale-user", "password": "s3cret-kafka-pw"}
+
+
+def test_kafka_credentials_reach_every_worker_pod_from_the_secret_and_the_stream_reads_them(chart, monkeypatch):
+    """kafka.existingSecret and its keys become kale.yaml's kafka_secret(_keys), each key a
+    secretKeyRef on the pod and an entry for the official chart in NOTES; no Secret is rendered
+    and no value is in the pod spec. The pod's environment, resolved from the Secret as the
+    kubelet does, configures the Kafka clients (SASL over the KALE_KAFKA_CONFIG settings)."""
+    import types
+
+    from kale_airflow.stream.kafka import KafkaStream
+
+    docs, notes = render(chart, KAFKA)
+    assert secrets(docs) == []  # the Secret is the user's
+    dep = kale_config(docs)
+    assert (dep.kubernetes.kafka_secret, dep.kubernetes.kafka_secret_keys) == ("kale-kafka", {
+        "KALE_KAFKA_CONFIG": "librdkafka.json", "KALE_KAFKA_SASL_USERNAME": "username",
+        "KALE_KAFKA_SASL_PASSWORD": "password"})
+    pod = kafka_pod(dep)
+    env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+    for name, key in dep.kubernetes.kafka_secret_keys.items():
+        assert env[name] == {"name": name, "valueFrom": {"secretKeyRef": {"name": "kale-kafka", "key": key}}}
+    text = yaml.safe_dump(pod) + "".join(yaml.safe_dump(d) for d in docs) + notes["kale-airflow/templates/NOTES.txt"]
+    assert not any(value in text for value in ("s3cret-kafka-pw", "kale-user", "SCRAM"))
+    assert ("       - envName: KALE_KAFKA_SASL_PASSWORD\n         secretName: kale-kafka\n         secretKey: password"
+            in notes["kale-airflow/templates/NOTES.txt"])
+
+    for name, e in env.items():  # the kubelet: plain values as they are, secretKeyRefs from the Secret's data
+        ref = e.get("valueFrom", {}).get("secretKeyRef")
+        if ref and ref["name"] == "kale-kafka":
+            monkeypatch.setenv(name, SECRET_DATA[ref["key"]])
+    stream = KafkaStream.from_url(dep.stream_url, client=types.SimpleNamespace())
+    assert stream.config == {"bootstrap.servers": "kafka.kafka:9092", "sasl.mechanism": "SCRAM-SHA-512",
+                             "ssl.ca.location": "/etc/ca.pem", "sasl.username": "kale-user",
+                             "sasl.password": "s3cret-kafka-pw", "security.protocol": "SASL_SSL"}
+    assert "s3cret-kafka-pw" not in repr(stream)
+
+
+def test_without_a_kafka_secret_the_pods_get_no_kafka_env_and_notes_say_how(chart):
+    docs, notes = render(chart)
+    dep = kale_config(docs)
+    assert dep.kubernetes.kafka_secret is None and dep.kubernetes.kafka_secret_keys == {}
+    assert not [e for e in kafka_pod(dep)["spec"]["containers"][0]["env"] if e["name"].startswith("KALE_KAFKA")]
+    text = notes["kale-airflow/templates/NOTES.txt"]
+    assert "kafka.existingSecret is empty" in text and "cannot be read inside the worker pods" in text
+    only_password, notes = render(chart, {"kafka": {"existingSecret": "kafka-user", "passwordKey": "password"}})
+    assert kale_config(only_password).kubernetes.kafka_secret_keys == {"KALE_KAFKA_SASL_PASSWORD": "password"}
+    assert "KALE_KAFKA_SASL_PASSWORD <- key password" in notes["kale-airflow/templates/NOTES.txt"]

@@ -238,3 +238,178 @@ def test_stream_rates_cover_idle_partitions_and_only_the_window(tmp_path):
     now = time.time()
     rates = gens._stream_rates(Arrivals({0: (300, now - 10), 1: (600, now + 60)}))
     assert rates == {"0": 1.0, "1": 0.0, "2": 0.0}
+
+
+# ------------------------------------------------------------------ applying decisions
+def generations_on(tmp_path, url=None):
+    """Generations over the control plane at ``url`` (default: a SQLite file in ``tmp_path``)."""
+    from kale_airflow.config import Config, Deployment, Settings
+    from kale_airflow.control.generations import Generations
+
+    env = Settings(tmp_path, f"sqlite:///{tmp_path}/mlflow.db", database=url)
+    return Generations(Config(env, Deployment(stream_url=f"sqlite:///{tmp_path}/s.db")))
+
+
+def scale(current, to, seen="g000001-2w", status="scale"):
+    """A decision as the sensor hands it on: the count and generation it saw, and its target."""
+    return {"status": status, "current": current, "current_generation": seen, "workers": to,
+            "reason": "scale_up_forecast", "message": f"{current} -> {to}"}
+
+
+FIRST = scale(0, 2, seen=None)
+
+
+@pytest.mark.parametrize("before, decision, outcome, generation", [
+    ([], FIRST, "applied", "g000001-2w"),
+    ([FIRST], scale(2, 4), "applied", "g000002-4w"),
+    ([FIRST], scale(0, 3, seen=None), "superseded", "g000001-2w"),          # made before the first start
+    ([FIRST, scale(2, 4)], scale(2, 3), "superseded", "g000002-4w"),         # made against the older generation
+    ([FIRST], scale(2, 2), "unchanged", "g000001-2w"),
+    ([FIRST], scale(2, 6, status="hold"), "hold", "g000001-2w"),
+    ([FIRST], {"status": "scale", "current": 2, "workers": 5}, "applied", "g000002-5w"),  # says nothing it saw
+], ids=["first-start", "next", "stale-first-start", "stale", "unchanged", "hold", "decision-without-generation"])
+def test_apply_replaces_only_the_generation_the_decision_saw(tmp_path, before, decision, outcome, generation):
+    """Bug classes: a decision made against a generation that is no longer current replacing
+    the newer one (two concurrent autoscaler runs), a no-op that writes, names not from the
+    database's counter."""
+    gens = generations_on(tmp_path)
+    for i, d in enumerate(before):
+        gens.apply(d, run_id=f"before{i}")
+    out = gens.apply(decision, run_id="run")
+    assert (out["outcome"], out["generation"], out["skip"]) == (outcome, generation, outcome != "applied")
+    assert gens.store.current_generation() == generation
+    assert gens.store.current()["workers"] == out["workers"] == int(generation.split("-")[1][:-1])
+
+
+def test_a_retry_of_an_applied_decision_starts_its_generation_until_a_training_run_has(tmp_path):
+    """Bug class: the retry of an applied decision answering ``skip`` (its generation never
+    started, its predecessor's workers stopped: nothing trains), or a second generation for
+    the same decision; then a second training run starting the same generation's workers."""
+    from kale_airflow.control.generations import GenerationError
+
+    gens = generations_on(tmp_path)
+    first = gens.apply(FIRST, run_id="run1")
+    retry = gens.apply(FIRST, run_id="run1")
+    assert retry == first | {"outcome": "retried"} and retry["skip"] is False and retry["started"] is False
+    gens.claim(first["generation"], "train1")
+    assert gens.apply(FIRST, run_id="run1") | {"started": None} == retry | {"skip": True, "started": None}
+    assert gens.store.generation(first["generation"])["started_by"] == "train1"
+    gens.claim(first["generation"], "train1")  # the same training run again (its task retried)
+    with pytest.raises(GenerationError, match=r"^generation g000001-2w was started by training run train1; another "
+                                              r"run would train its slices a second time: clear that run's tasks to "
+                                              r"restart its workers, or let the autoscaler start a new generation$"):
+        gens.claim(first["generation"], "train2")
+    gens.claim("manual", "train3")  # a generation named by hand is nobody's to refuse
+    assert gens.apply(FIRST, run_id="run2")["outcome"] == "superseded"  # another run: another decision
+
+
+def fail_at(store, k: int):
+    """Make the ``k``-th statement on ``store``'s engine raise what a lost connection raises."""
+    from sqlalchemy import event, exc
+
+    count = {"n": 0}
+
+    def hook(conn, cursor, statement, params, context, executemany):
+        count["n"] += 1
+        if count["n"] == k:
+            raise exc.OperationalError(statement, params, ConnectionError("server closed the connection unexpectedly"))
+
+    event.listen(store.db.engine, "before_cursor_execute", hook)
+    return lambda: event.remove(store.db.engine, "before_cursor_execute", hook) or count["n"]
+
+
+def assert_every_failure_point_leaves_a_retry_that_starts(gens) -> int:
+    """For each statement ``apply`` runs: lose the connection there, then retry. The retry
+    must apply the decision (nothing half-written) and report it to be started. Returns how
+    many statements were tried."""
+    from sqlalchemy import exc
+
+    gens.apply(FIRST, run_id="first")
+    k = 0
+    while True:
+        k += 1
+        before = gens.store.current()
+        decision = scale(before["workers"], before["workers"] + 1, seen=before["generation"])
+        undo = fail_at(gens.store, k)
+        try:
+            gens.apply(decision, run_id=f"run{k}")
+        except exc.OperationalError:
+            assert gens.store.current() == before, f"statement {k}: a half-applied decision"
+        else:
+            assert undo() < k
+            return k - 1
+        undo()
+        retry = gens.apply(decision, run_id=f"run{k}")
+        assert retry["skip"] is False and retry["outcome"] == "applied", f"statement {k}: {retry}"
+        assert gens.store.current_generation() == retry["generation"] != before["generation"]
+
+
+def test_a_lost_connection_at_any_statement_of_apply_leaves_a_retry_that_starts_the_generation(tmp_path):
+    """The fault seen in production: the database lost between apply's two writes (the
+    current generation named, the decision not yet marked applied); Airflow's retry answered
+    ``skip`` and the new generation was never started. With one transaction there is no
+    "between": every failure point leaves either nothing or everything."""
+    assert assert_every_failure_point_leaves_a_retry_that_starts(generations_on(tmp_path)) >= 5
+
+
+@pytest.mark.parametrize("step_s", [-100.0, 0.0, 100.0], ids=["stepped-back", "same-second", "forward"])
+def test_generation_order_comes_from_the_database_not_the_clock(tmp_path, monkeypatch, step_s):
+    """Bug classes: names from ``int(time.time())`` (a clock stepped back names the new
+    generation before the old one; two in one second share a name) and ``latest`` ordered by
+    the write time (the handover then starts from an older generation's assignment)."""
+    import time
+
+    clock = {"now": 1_800_000_000.0}
+    monkeypatch.setattr(time, "time", lambda: clock["now"])
+    gens = generations_on(tmp_path)
+    first = gens.apply(FIRST, run_id="run1")["generation"]
+    gens.store.put("default", first, 2, {"assignment": {}})
+    clock["now"] += step_s
+    second = gens.apply(scale(2, 3, seen=first), run_id="run2")["generation"]
+    gens.store.put("default", second, 3, {"assignment": {}})
+    assert (first, second) == ("g000001-2w", "g000002-3w")
+    assert gens.store.latest("default")[0] == second
+    assert gens.store.latest("default", before=second)[0] == first
+
+
+@pytest.mark.parametrize("decision, run_id, expected", [
+    (scale(2, 4), "run1", "run1:g000001-2w:2->4"),
+    (scale(0, 2, seen=None), "run1", "run1:-:0->2"),
+    ({"status": "scale", "current": 2, "workers": 4}, "run1", "run1:?:2->4"),
+], ids=["saw-a-generation", "saw-none", "does-not-say"])
+def test_a_decision_s_identity_is_its_run_what_it_saw_and_its_target(decision, run_id, expected):
+    from kale_airflow.control.generations import decision_id
+
+    assert decision_id(decision, run_id) == expected
+
+
+class Observing:
+    """An autoscaler as :func:`decision_event` uses it: the store's current generation, and a
+    poke during which another generation may become current (the test input)."""
+
+    shadow = False
+
+    def __init__(self, running, target, becomes=None):
+        from kale_airflow.core.policies import Decision, Observation, Reason
+
+        self.result = (Decision(target, Reason.SCALE_UP_FORECAST, "m"), Observation(0.0, running))
+        self.state, self.becomes = self, becomes
+        self.name = "g000001-2w"
+
+    def current_generation(self):
+        return self.name
+
+    def poke(self):
+        self.name = self.becomes or self.name
+        return self.result
+
+
+@pytest.mark.parametrize("running, target, becomes, done", [
+    (2, 4, None, True), (2, 2, None, False), (2, 4, "g000002-3w", True),
+], ids=["change", "hold", "another-applied-meanwhile"])
+def test_the_decision_event_names_the_generation_current_before_the_observation(running, target, becomes, done):
+    from kale_airflow.control.generations import decision_event
+
+    assert decision_event(Observing(running, target, becomes)) == (done, {
+        "status": "scale" if done else "hold", "current": running, "current_generation": "g000001-2w",
+        "shadow": False, "workers": target, "reason": "scale_up_forecast", "message": "m"})

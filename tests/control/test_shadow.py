@@ -101,6 +101,7 @@ def test_shadow_poke_loop_records_every_decision_unapplied_and_starts_nothing(ho
     from kale_airflow.ui import app as ui
 
     ui.app.dependency_overrides[get_user] = lambda: object()
+    ui.app.dependency_overrides[ui.can_read_kale] = lambda: None  # access is tests/ui's subject, not this one's
     monkeypatch.setattr(ui, "_models", lambda cfg: [])  # no MLflow round trip here (restored after the test)
     try:
         page = TestClient(ui.app).get("/").text

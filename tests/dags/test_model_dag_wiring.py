@@ -32,6 +32,9 @@ for dag_id in sys.argv[2:]:
     }
 autoscaler = DagSerialization.from_dict(DagSerialization.to_dict(bag.dags["kale_autoscaler"]))
 out["autoscaler_inlets"] = {t.task_id: [a.uri for a in t.inlets] for t in autoscaler.tasks if t.inlets}
+start = bag.dags["kale_autoscaler"].get_task("start_generation")
+out["start_generation"] = {"run_id": start.trigger_run_id, "skip_existing": start.skip_when_already_exists,
+                           "upstream": sorted(start.upstream_task_ids)}
 validate = bag.dags["kale_forecaster_retrain"].get_task("validate").python_callable
 try:
     validate({"path": "/nonexistent/traffic.csv"}, params={"horizon_minutes": 60, "test_days": 1})
@@ -66,6 +69,14 @@ def test_the_promotion_task_emits_the_models_asset_in_the_serialized_graph(parse
 def test_the_autoscaler_declares_the_model_assets_it_reloads_on(parsed):
     assert parsed["autoscaler_inlets"] == {"wait_for_decision": ["kale://models/forecaster",
                                                                  "kale://models/throughput"]}
+
+
+def test_a_generation_is_triggered_once_under_an_id_its_retries_share(parsed):
+    """Bug class: ``start_generation`` retried after its trigger went through starting a
+    second training run of the same generation (an id made at trigger time differs per try)."""
+    start = parsed["start_generation"]
+    assert start["run_id"] == "{{ run_id }}__{{ ti.xcom_pull(task_ids='scale_workers')['generation'] }}"
+    assert start["skip_existing"] is True and start["upstream"] == ["changed"]  # and only if scale_workers says so
 
 
 @pytest.mark.parametrize("dag_id", MODEL_DAGS)

@@ -188,6 +188,31 @@ def test_the_secret_and_pod_scheduling_settings_are_config_fields():
             KubernetesWorkerConfig(**bad)
 
 
+def test_the_kafka_secret_keys_become_secret_key_refs_and_come_in_pairs():
+    import typing
+
+    from kale_airflow.config.deployment import KafkaSecretEnv
+    from kale_airflow.stream.kafka import CONFIG_ENV, SASL_PASSWORD_ENV, SASL_USERNAME_ENV
+
+    assert set(typing.get_args(KafkaSecretEnv)) == {CONFIG_ENV, SASL_USERNAME_ENV, SASL_PASSWORD_ENV}
+    m = manifest(KubernetesWorkerConfig(kafka_secret="kafka-user",
+                                        kafka_secret_keys={"KALE_KAFKA_SASL_PASSWORD": "pw"}))
+    kubernetes_validate.validate(m, "1.37.0", strict=True)
+    env = {e["name"]: e for e in m["spec"]["containers"][0]["env"]}
+    assert env["KALE_KAFKA_SASL_PASSWORD"] == {"name": "KALE_KAFKA_SASL_PASSWORD", "valueFrom": {
+        "secretKeyRef": {"name": "kafka-user", "key": "pw"}}}
+    assert "KALE_KAFKA_CONFIG" not in env and "KALE_KAFKA_SASL_USERNAME" not in env
+    assert not [e for e in manifest()["spec"]["containers"][0]["env"] if e["name"].startswith("KALE_KAFKA")]
+    for bad in ({"kafka_secret": "kafka-user"}, {"kafka_secret_keys": {"KALE_KAFKA_CONFIG": "c"}},
+                {"kafka_secret": "k", "kafka_secret_keys": {"KAFKA_PASSWORD": "p"}},
+                {"kafka_secret": "Bad_Name", "kafka_secret_keys": {"KALE_KAFKA_CONFIG": "c"}},
+                {"kafka_secret": "k", "kafka_secret_keys": {"KALE_KAFKA_CONFIG": "a/b"}}):
+        with pytest.raises(ValueError):
+            KubernetesWorkerConfig(**bad)
+    with pytest.raises(ValueError, match="kafka_secret and kafka_secret_keys go together"):
+        KubernetesWorkerConfig(kafka_secret="kafka-user")
+
+
 def test_local_deployments_parse_without_the_gpu_pool():
     from kale_airflow.config import parse_deployment
     from kale_airflow.operators.worker_pod import worker_pods_partial_kwargs

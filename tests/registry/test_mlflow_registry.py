@@ -227,6 +227,25 @@ def test_an_unreachable_registry_fails_fast_everywhere(tmp_path):
     assert time.monotonic() - t0 < 10  # no minutes of MLflow retries
 
 
+def test_no_registry_error_shows_the_password_of_the_tracking_uri(tmp_path, monkeypatch):
+    """Every way in fails on the closed port with ``user:***@`` where the password was, and so
+    does the kale_mlflow connection's test in Admin > Connections."""
+    from kale_airflow.control.autoscaler import MlflowChampions
+    from kale_airflow.registry.connection import KaleMlflowHook
+
+    uri = CLOSED.replace("http://", "http://kale:s3cret-pw@")
+    calls = [lambda: reg.check_reachable(uri), lambda: reg.registry_client(uri), MlflowChampions(uri).versions,
+             lambda: reg.load_champion(reg.FORECASTER_MODEL, uri),
+             lambda: reg.load_version(reg.FORECASTER_MODEL, "1", uri), lambda: reg.mlflow_at(uri).__enter__()]
+    for call in calls:
+        with pytest.raises(RegistryUnavailable) as err:
+            call()
+        assert "s3cret-pw" not in str(err.value) and "http://kale:***@127.0.0.1:1" in str(err.value)
+    monkeypatch.setenv("AIRFLOW_CONN_KALE_MLFLOW_LEAK", json.dumps({"conn_type": "kale_mlflow", "host": uri}))
+    ok, message = KaleMlflowHook("kale_mlflow_leak").test_connection()
+    assert not ok and "s3cret-pw" not in message and "kale:***@" in message
+
+
 def test_register_does_not_create_a_model_after_a_failed_lookup(store):
     real = reg.registry_client(store)
     with pytest.raises(RegistryUnavailable, match="^MLflow at fake://registry refused or failed the lookup of "

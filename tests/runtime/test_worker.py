@@ -173,7 +173,7 @@ def test_supervisor_gives_up_on_a_crash_loop_and_passes_exit_code_0_through(capf
 
     assert main(["--max-restarts", "2", "--backoff", "0", "--", sys.executable, "-c", "import sys; sys.exit(3)"]) == 3
     out = capfd.readouterr().out
-    assert out.count("restart") == 2 and "exit code 3, 3 failures in a row: giving up" in out
+    assert out.count("restart") == 2 and "exit code 3; 3 failures in a row: giving up" in out
     assert main(["--", sys.executable, "-c", "pass"]) == 0
     assert "restart" not in capfd.readouterr().out
     with pytest.raises(SystemExit):
@@ -193,8 +193,9 @@ def test_handover_starts_new_slices_where_the_old_ones_stopped(stream, tmp_path)
     assert starts == {"g/p0:0.000000-0.500000": reached[0], "g/p0:0.500000-1.000000": reached[0]}
     # Training the new generation to the end covers every offset after the old position exactly.
     audit = tmp_path / "audit.log"
-    for w in (0, 1, 2):
-        Worker(stream, "g", slices_for(new, w), tmp_path / "ck2", worker_id=w, audit=audit).run(exit_when_idle=True)
+    for w in (0, 1, 2):  # one job per worker here, each a new model (the stream's commits are past 0)
+        Worker(stream, "g", slices_for(new, w), tmp_path / "ck2", worker_id=w, audit=audit,
+               allow_fresh_model=True).run(exit_when_idle=True)
     seen = audit_coverage(audit)
     assert set(seen[0]) == set(range(reached[0], 4000)) and max(seen[0].values()) == 1
     # Back to the first layout: its whole-partition slice of p0 still has the stale commit

@@ -6,15 +6,29 @@ from kale_airflow.core.policies import Decision, Observation, Reason
 from kale_airflow.sensors.scaling import ScalingSensor
 
 
+class CurrentGeneration:
+    """The control store as far as the sensor reads it: the current generation's name."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def current_generation(self):
+        return self.name
+
+
 class FixedAutoscaler:
-    """Stands in for the manager: returns one decision (the sensor's own logic is under test)."""
+    """Stands in for the manager: returns one decision (the sensor's own logic is under test).
+    ``then``: the generation that becomes current while it observes (another apply won)."""
 
     shadow = False
 
-    def __init__(self, running, target, reason):
+    def __init__(self, running, target, reason, then=None):
         self.result = (Decision(target, reason, f"{running} -> {target}"), Observation(0.0, running, 1.0, 0.0, 0.0))
+        self.state, self.then = CurrentGeneration("g000007-3w"), then
 
     def poke(self):
+        if self.then:
+            self.state.name = self.then
         return self.result
 
 
@@ -28,8 +42,17 @@ def test_poke_completes_only_on_a_change(running, target, reason, done):
     result = sensor.poke({})
     assert result.is_done is done
     assert result.xcom_value == {"status": "scale" if done else "hold", "current": running, "shadow": False,
-                                 "workers": target,
+                                 "current_generation": "g000007-3w", "workers": target,
                                  "reason": reason.value, "message": f"{running} -> {target}"}
+
+
+def test_the_decision_names_the_generation_current_before_it_observed():
+    """Bug class: the generation read after the observation. If another apply made a new
+    generation current meanwhile, the decision (based on the old one) would name the new one
+    and its compare-and-set would replace a generation it never saw."""
+    sensor = ScalingSensor(task_id="wait", deferrable=False)
+    sensor._autoscaler = FixedAutoscaler(3, 5, Reason.SCALE_UP_FORECAST, then="g000008-4w")
+    assert sensor.poke({}).xcom_value["current_generation"] == "g000007-3w"
 
 
 def test_a_templated_poll_interval_leaves_a_numeric_poke_interval():

@@ -62,10 +62,10 @@ def open_everything(tmp_path, url: str, monkeypatch) -> None:
 def test_a_fresh_control_plane_holds_no_throughput_or_partition_rates_until_one_is_measured(
         tmp_path, db_url, monkeypatch):
     open_everything(tmp_path, db_url, monkeypatch)
-    assert rows(db_url) == {"throughput": 0, "partition_rates": 0}
+    assert rows(db_url) == {"kale_throughput": 0, "kale_partition_rates": 0}
     open_everything(tmp_path / "again", db_url, monkeypatch)  # a second start of every component
-    assert rows(db_url) == {"throughput": 0, "partition_rates": 0}
+    assert rows(db_url) == {"kale_throughput": 0, "kale_partition_rates": 0}
     from kale_airflow.metrics.embedded import open_metrics
 
     open_metrics("embedded", db_url).write_throughput([time.time()], [2], [1234.0])  # what a job's rank 0 does
-    assert rows(db_url) == {"throughput": 1, "partition_rates": 0}
+    assert rows(db_url) == {"kale_throughput": 1, "kale_partition_rates": 0}

@@ -9,17 +9,14 @@ import threading
 import time
 
 import pytest
-from sqlalchemy import text
 
 from kale_airflow.store import (
     DatabaseUnavailable,
-    SchemaVersionError,
     StateStore,
     masked,
     open_database,
 )
-from kale_airflow.store.database import forget_databases, normalize_url
-from kale_airflow.store.schema import SCHEMA_VERSION
+from kale_airflow.store.database import normalize_url
 from tests.store import racers
 
 DOC = {"assignment": {"0": [["a", 1.0]], "1": [["b", 0.5], ["c", 0.5]]}, "imbalance": 1.0}
@@ -118,17 +115,6 @@ def test_concurrent_decisions_from_several_processes_lose_no_row(db_url):
     rows = StateStore(db_url).decisions(10_000)
     assert len(rows) == 120
     assert {d["message"] for d in rows} == {f"{w}-{i}" for w in range(3) for i in range(40)}
-
-
-def test_a_database_of_another_schema_version_is_refused(db_url):
-    db = open_database(db_url)
-    with db.begin() as c:
-        c.execute(text("UPDATE schema_version SET version = 999"))
-    forget_databases()
-    with pytest.raises(SchemaVersionError) as err:
-        StateStore(db_url)
-    msg = str(err.value)
-    assert "schema version 999" in msg and f"expects {SCHEMA_VERSION}" in msg and "KALE_DATABASE_URL" in msg
 
 
 def test_urls_map_to_the_psycopg_driver_and_mask_the_password(tmp_path):

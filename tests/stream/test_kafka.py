@@ -379,6 +379,40 @@ def test_an_airflow_connection_and_the_environment_configure_the_clients(monkeyp
     assert kinds["consumer"]["enable.auto.commit"] is False
 
 
+def test_sasl_credentials_from_the_environment_win_and_keep_the_protocol_and_mechanism(monkeypatch):
+    """KALE_KAFKA_SASL_USERNAME/PASSWORD (what a worker pod gets from the chart's Secret) over
+    KALE_KAFKA_CONFIG over the connection; SASL_SSL/PLAIN only where nothing names them."""
+    from kale_airflow.stream.kafka import SASL_PASSWORD_ENV, SASL_USERNAME_ENV
+
+    def config(url="kafka://b:9092/t"):
+        return KafkaStream.from_url(url, client=types.SimpleNamespace()).config
+
+    monkeypatch.setenv(SASL_USERNAME_ENV, "alice")
+    monkeypatch.setenv(SASL_PASSWORD_ENV, "s3cret-pw")
+    assert config() == {"bootstrap.servers": "b:9092", "sasl.username": "alice", "sasl.password": "s3cret-pw",
+                        "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN"}
+    monkeypatch.setenv(CONFIG_ENV, json.dumps({"sasl.password": "old", "sasl.mechanisms": "SCRAM-SHA-256",
+                                               "security.protocol": "SASL_PLAINTEXT"}))
+    assert config() == {"bootstrap.servers": "b:9092", "sasl.username": "alice", "sasl.password": "s3cret-pw",
+                        "security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": "SCRAM-SHA-256"}
+    monkeypatch.delenv(CONFIG_ENV)
+    monkeypatch.setenv("AIRFLOW_CONN_KALE_KAFKA", json.dumps({
+        "conn_type": "kafka", "host": "b1:9093", "login": "bob", "password": "conn-pw",
+        "extra": {"sasl.mechanism": "SCRAM-SHA-512"}}))
+    assert config("airflow-conn://kale_kafka/t") == {"bootstrap.servers": "b1:9093", "sasl.username": "alice",
+                                                     "sasl.password": "s3cret-pw", "security.protocol": "SASL_SSL",
+                                                     "sasl.mechanism": "SCRAM-SHA-512"}
+    monkeypatch.delenv(SASL_USERNAME_ENV)
+    monkeypatch.delenv(SASL_PASSWORD_ENV)
+    assert config() == {"bootstrap.servers": "b:9092"}
+
+
+def test_an_unknown_stream_url_is_named_without_its_password():
+    with pytest.raises(StreamError, match="unknown stream URL") as err:
+        open_stream("redis://alice:s3cret-pw@cache:6379/0")
+    assert "s3cret-pw" not in str(err.value) and "alice:***@cache" in str(err.value)
+
+
 def test_bad_settings_never_echo_secrets(monkeypatch):
     monkeypatch.setenv(CONFIG_ENV, '{"sasl.password": "s3cret-pw",')
     with pytest.raises(StreamError, match="not valid JSON") as err:
@@ -441,7 +475,7 @@ def test_a_generation_change_hands_offsets_over_with_no_gap(kafka_topic, tmp_pat
     audit = tmp_path / "audit.log"
     for w in (0, 1, 2):  # each worker of the new generation is its own process: its own stream
         Worker(KafkaStream.from_url(broker.url(topic)), "g", slices_for(new, w), tmp_path / "ck2", worker_id=w,
-               audit=audit).run(exit_when_idle=True)
+               audit=audit, allow_fresh_model=True).run(exit_when_idle=True)  # a new model per worker here
     seen = audit_coverage(audit)
     for p in range(3):
         assert set(seen[p]) == set(range(reached[p], 4000)) and max(seen[p].values()) == 1

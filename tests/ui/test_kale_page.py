@@ -1,5 +1,6 @@
-"""The Kale page: anonymous requests are refused by Airflow's auth; with a user it renders
-decisions, models and the plot from a recorded autoscaler history."""
+"""The Kale page: anonymous requests are refused by Airflow's auth, users without read access
+to the kale_autoscaler DAG by Airflow's auth manager (403); with both it renders decisions,
+models and the plot from a recorded autoscaler history. (Masking: tests/test_no_password_leaks.py.)"""
 
 import time
 
@@ -8,7 +9,7 @@ from airflow.api_fastapi.core_api.security import get_user
 from fastapi.testclient import TestClient
 
 from kale_airflow.store import StateStore
-from kale_airflow.ui.app import app, create_app
+from kale_airflow.ui.app import app, can_read_kale, create_app
 from kale_airflow.ui.plugin import KalePlugin
 
 
@@ -50,13 +51,23 @@ import json
 from fastapi.testclient import TestClient
 from airflow.api_fastapi.app import create_app, get_auth_manager
 from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+PATHS = ["/kale/", "/kale/api/state", "/kale/plot.png"]
 client = TestClient(create_app())
-token = get_auth_manager().generate_jwt(SimpleAuthManagerUser(username="admin", role="admin"))
+manager = get_auth_manager()
+token, viewer, nobody = (manager.generate_jwt(SimpleAuthManagerUser(username=u, role=r))
+                         for u, r in (("admin", "admin"), ("vera", "viewer"), ("nora", None)))
+asked = []
+is_authorized_dag = manager.is_authorized_dag
+manager.is_authorized_dag = lambda **kw: asked.append((kw["method"], kw["details"].id)) or is_authorized_dag(**kw)
 out = {
     "anonymous": client.get("/kale/api/state").status_code,
     "bad_token": client.get("/kale/api/state", headers={"Authorization": "Bearer forged"}).status_code,
     "header": client.get("/kale/api/state", headers={"Authorization": f"Bearer {token}"}).status_code,
     "cookie_page": client.get("/kale/", cookies={"_token": token}).text,
+    "viewer": {p: client.get(p, headers={"Authorization": f"Bearer {viewer}"}).status_code for p in PATHS},
+    "no_role": {p: client.get(p, headers={"Authorization": f"Bearer {nobody}"}).status_code for p in PATHS},
+    "no_role_page": client.get("/kale/", cookies={"_token": nobody}).text,
+    "asked": sorted(set(asked)),
 }
 print("KALE_UI" + json.dumps(out))
 """
@@ -65,7 +76,9 @@ print("KALE_UI" + json.dumps(out))
 @pytest.mark.slow
 def test_served_by_the_real_airflow_api_server_with_its_auth(airflow_home, tmp_path):
     """The provider plugin is mounted by Airflow's own app factory, and Airflow's JWTs
-    (header or the UI's cookie) open it; anonymous and forged requests do not."""
+    (header or the UI's cookie) open it; anonymous and forged requests do not. Its
+    SimpleAuthManager is asked for GET on kale_autoscaler: a viewer reads every route, a
+    user without a role gets 403 on every route."""
     import json
     import subprocess
     import sys
@@ -79,14 +92,65 @@ def test_served_by_the_real_airflow_api_server_with_its_auth(airflow_home, tmp_p
     res = json.loads(line[len("KALE_UI"):])
     assert res["anonymous"] == 401 and res["bad_token"] in (401, 403) and res["header"] == 200
     assert "traffic doubles within the hour" in res["cookie_page"]
+    assert set(res["viewer"].values()) == {200} and set(res["no_role"].values()) == {403}
+    assert "traffic doubles" not in res["no_role_page"]
+    assert res["asked"] == [["GET", "kale_autoscaler"]]
 
 
 @pytest.fixture(params=["plugin-app", "fresh-app"])
 def signed_in(request):
     served = app if request.param == "plugin-app" else create_app()
     served.dependency_overrides[get_user] = lambda: object()  # stands in for a logged-in Airflow user
+    served.dependency_overrides[can_read_kale] = lambda: None  # ... allowed to read kale_autoscaler
     yield TestClient(served)
     served.dependency_overrides.clear()
+
+
+class PerDagAuthManager:
+    """An auth manager whose users may read only the DAGs named in their role (``"dag_a,dag_b"``),
+    as FAB's per-DAG permissions or Keycloak's policies would grant; it records what it was asked."""
+
+    def __init__(self):
+        self.asked = []
+
+    def is_authorized_dag(self, *, method, user, access_entity=None, details=None):
+        self.asked.append((method, access_entity, details.id if details else None))
+        return method == "GET" and details is not None and details.id in (user.role or "").split(",")
+
+
+def _simple_auth_manager():
+    from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
+
+    return SimpleAuthManager()
+
+
+@pytest.mark.parametrize("manager, role, allowed", [
+    (_simple_auth_manager, "viewer", True),
+    (_simple_auth_manager, "admin", True),
+    (_simple_auth_manager, None, False),
+    (PerDagAuthManager, "kale_autoscaler", True),
+    (PerDagAuthManager, "kale_training,kale_forecaster_retrain", False),
+], ids=["simple-viewer", "simple-admin", "simple-no-role", "per-dag-autoscaler", "per-dag-other-dags"])
+def test_every_route_needs_read_access_to_the_autoscaler_dag(history, monkeypatch, manager, role, allowed):
+    """Bug class: a logged-in user without the permission reads the page (any role sees
+    everything), or the check asks about another DAG. The real SimpleAuthManager, and one
+    that grants DAGs one by one; Airflow's metadata database (the DAG's team) is not needed."""
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+    from airflow.api_fastapi.core_api import security
+    from airflow.models.dag import DagModel
+
+    auth = manager()
+    monkeypatch.setattr(security, "get_auth_manager", lambda: auth)
+    monkeypatch.setattr(DagModel, "get_team_name", staticmethod(lambda dag_id, session=None: None))
+    served = create_app()
+    served.dependency_overrides[get_user] = lambda: SimpleAuthManagerUser(username="u", role=role)
+    client = TestClient(served)
+    codes = {p: client.get(p).status_code for p in ("/", "/api/state", "/plot.png")}
+    assert codes == dict.fromkeys(codes, 200 if allowed else 403)
+    if not allowed:
+        assert "because 3" not in client.get("/").text and client.get("/api/state").json() == {"detail": "Forbidden"}
+    if isinstance(auth, PerDagAuthManager):
+        assert set(auth.asked) == {("GET", None, "kale_autoscaler")}
 
 
 def test_page_shows_decisions_models_and_plot(history, signed_in):

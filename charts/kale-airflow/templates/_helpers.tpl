@@ -11,12 +11,28 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- .Values.database.existingSecret | default (printf "%s-database" .Release.Name) -}}
 {{- end -}}
 
-{{/* kale.yaml: the config values, with the database Secret the pods reference. */}}
+{{/* The Kafka credentials' environment variables -> their keys in kafka.existingSecret (JSON;
+only the keys named, {} without a Secret). */}}
+{{- define "kale.kafkaSecretKeys" -}}
+{{- $keys := dict -}}
+{{- if .Values.kafka.existingSecret -}}
+{{- range $env, $key := dict "KALE_KAFKA_CONFIG" .Values.kafka.configKey "KALE_KAFKA_SASL_USERNAME" .Values.kafka.usernameKey "KALE_KAFKA_SASL_PASSWORD" .Values.kafka.passwordKey -}}
+{{- if $key -}}{{- $_ := set $keys $env $key -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $keys -}}
+{{- end -}}
+
+{{/* kale.yaml: the config values, with the database and Kafka Secrets the pods reference. */}}
 {{- define "kale.config" -}}
 {{- $cfg := deepCopy .Values.config -}}
 {{- $k8s := deepCopy (get $cfg "kubernetes" | default dict) -}}
 {{- $_ := set $k8s "database_secret" (include "kale.databaseSecret" .) -}}
 {{- $_ := set $k8s "database_secret_key" .Values.database.secretKey -}}
+{{- if .Values.kafka.existingSecret -}}
+{{- $_ := set $k8s "kafka_secret" .Values.kafka.existingSecret -}}
+{{- $_ := set $k8s "kafka_secret_keys" (include "kale.kafkaSecretKeys" . | fromJson) -}}
+{{- end -}}
 {{- $_ := set $cfg "kubernetes" $k8s -}}
 {{- toYaml $cfg -}}
 {{- end -}}

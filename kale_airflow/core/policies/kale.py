@@ -48,12 +48,13 @@ class KaleConfig:
 
     The rest are inputs: ``slo_s`` (the freshness SLO), ``rescale_downtime_s`` (the pause a
     rescale costs, raised to what is measured: :func:`planned_downtime`) and ``interval_s``
-    (seconds between decisions).
+    (seconds between decisions). The defaults were chosen on the first halves of the shared
+    traces' evaluation windows (``benchmarks/engine.py``; docs/decisions/).
     """
 
     forecast_quantile: float = 0.5
-    horizon_s: float = 5400.0
-    wait_cost: float = 1.0
+    horizon_s: float = 3600.0
+    wait_cost: float = 1.5
     persist_s: float = 60.0
     slo_s: float = 300.0
     rescale_downtime_s: float = 90.0

@@ -1,0 +1,449 @@
+"""Documentation generated from the code and the files it documents, so the two cannot drift.
+
+- ``docs/configuration.md``: the settings reference, from the pydantic models of
+  :mod:`kale_airflow.config.deployment` (name, type, default, ``description``) and the
+  environment variables listed in :mod:`kale_airflow.config.environment`'s docstring;
+- ``charts/kale-airflow/README.md``: the values table, from ``values.schema.json`` (types,
+  descriptions) and ``values.yaml`` (defaults, and the comments above a key where the schema
+  has no description);
+- ``docs/testing.md``: the mutation-testing table, from ``benchmarks/results/mutation.json``.
+
+Each generated part sits between ``<!-- BEGIN GENERATED name -->`` and
+``<!-- END GENERATED name -->`` in its file; the rest of the file is written by hand. Run
+from a checkout (the chart and the benchmark results are not part of the installed package)::
+
+    python -m kale_airflow.reporting.docs           # rewrite the generated parts
+    python -m kale_airflow.reporting.docs --check   # exit 1 naming the stale files
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import re
+import sys
+import types
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from kale_airflow.config import deployment, environment
+from kale_airflow.core.policies.kale import KaleConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "kale-airflow"
+COMMAND = "python -m kale_airflow.reporting.docs"
+_BULLET = re.compile(r"^- ``([A-Za-z_][A-Za-z0-9_]*)``: (.*)$")
+
+
+class DocsError(ValueError):
+    """The documentation cannot be generated; the message names what is missing."""
+
+
+# ------------------------------------------------------------------ helpers
+def docstring_bullets(text: str | None) -> dict[str, str]:
+    """``{name: text}`` for every bullet ``- ``name``: text`` of a docstring (continuation
+    lines indented), with reST literals turned into Markdown ones and the last ``;``/``.`` dropped."""
+    out: dict[str, str] = {}
+    name = None
+    for line in inspect.cleandoc(text or "").splitlines():
+        m = _BULLET.match(line)
+        if m:
+            name, out[m.group(1)] = m.group(1), m.group(2).strip()
+        elif name and line.startswith("  ") and line.strip():
+            out[name] += " " + line.strip()
+        else:
+            name = None
+    return {k: _md(v.rstrip(";.")) for k, v in out.items()}
+
+
+def _md(text: str) -> str:
+    """reST inline markup to Markdown: ``x`` -> `x`, :mod:`x` -> `x`."""
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"`\1`", text)
+    return text.replace("``", "`")
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _value(value: Any) -> str:
+    """A default as it would be written in YAML, in backticks."""
+    if value is None:
+        return "`null`"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, (dict, list)):
+        return f"`{json.dumps(value)}`"
+    return f"`{json.dumps(value) if value == '' else value}`"
+
+
+# ------------------------------------------------------------------ configuration reference
+def _type_name(tp: Any) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is type(None):
+        return "null"
+    if origin is typing.Annotated:
+        return _type_name(args[0])
+    if origin is Literal:
+        return " or ".join(f"`{a}`" for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in args)
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return "mapping"
+    if origin in (dict, list):
+        return f"{origin.__name__}[{', '.join(_type_name(a) for a in args)}]"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _constraints(field) -> str:
+    words = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+    out, length = [], {}
+    for meta in field.metadata:
+        out += [f"{word} {getattr(meta, attr)}" for attr, word in words.items() if getattr(meta, attr, None) is not None]
+        length.update({k: getattr(meta, k) for k in ("min_length", "max_length") if getattr(meta, k, None) is not None})
+        if getattr(meta, "pattern", None):
+            out.append(f"pattern `{meta.pattern}`")
+    if length:
+        out.append(f"length {length.get('min_length', 0)}-{length.get('max_length', 'any')}")
+    return ", ".join(out)
+
+
+def _default(field) -> str:
+    if field.default is PydanticUndefined and field.default_factory is None:
+        return "required"
+    value = field.get_default(call_default_factory=True)
+    return "" if isinstance(value, BaseModel) else _value(value)
+
+
+def model_rows(model: type[BaseModel], fallback: dict[str, str] | None = None) -> list[list[str]]:
+    """Name, type, default and meaning of every field of ``model``; the meaning is the field's
+    ``description``, else ``fallback[name]``. A field with neither raises :class:`DocsError`."""
+    rows = []
+    for name, field in model.model_fields.items():
+        text = field.description or (fallback or {}).get(name)
+        if not text:
+            raise DocsError(f"{model.__name__}.{name} has no description: give it Field(description=...) in "
+                            f"kale_airflow/config/deployment.py (or a docstring bullet), then run {COMMAND}")
+        kind = _type_name(field.annotation)
+        if kind == "mapping":
+            kind = f"mapping, see [{name}](#{name})"
+        limits = _constraints(field)
+        rows.append([f"`{name}`", kind + (f" ({limits})" if limits else ""), _default(field), text])
+    return rows
+
+
+SECTIONS = (
+    ("Top level", deployment.Deployment, None),
+    ("kale", deployment.KalePolicySettings, KaleConfig.__doc__),
+    ("kubernetes", deployment.KubernetesWorkerConfig, None),
+    ("alerts", deployment.AlertsConfig, None),
+)
+_KALE_INTRO = ("The policy's tunables (`KaleConfig` in `kale_airflow/core/policies/kale.py`), under `kale:`; "
+               "`slo_s`, `rescale_downtime_s` and `poll_interval_s` come from the top level.")
+
+
+def configuration_reference() -> str:
+    """The settings reference: one table per section of ``kale.yaml``, then the environment."""
+    parts = []
+    for title, model, doc in SECTIONS:
+        intro = " ".join(inspect.cleandoc(model.__doc__ or "").split("\n\n")[0].split())
+        intro = _KALE_INTRO if model is deployment.KalePolicySettings else _md(intro)
+        if title != "Top level":
+            intro = f"Under `{title}:`. {intro}" if model is not deployment.KalePolicySettings else intro
+        rows = model_rows(model, docstring_bullets(doc))
+        parts.append(f"### {title}\n\n{intro}\n\n" + _table(["setting", "type", "default", "meaning"], rows))
+    env = docstring_bullets(environment.__doc__)
+    if not env:
+        raise DocsError("kale_airflow/config/environment.py's docstring lists no ``VARIABLE``: meaning bullets")
+    parts.append("### Environment variables\n\nFrom the module docstring of `kale_airflow/config/environment.py`.\n\n"
+                 + _table(["variable", "meaning"], [[f"`{k}`", v] for k, v in env.items()]))
+    return "\n\n".join(parts) + "\n"
+
+
+# ------------------------------------------------------------------ chart values
+def values_comments(text: str) -> dict[str, str]:
+    """``{dotted.key: comment}`` from a values file: the comment lines right above a key (no
+    blank line between) and the comment at the end of its line."""
+    out: dict[str, str] = {}
+    stack: list[tuple[int, str]] = []
+    pending: list[str] = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped:
+            pending = []
+            continue
+        if stripped.startswith("#"):
+            pending.append(stripped.lstrip("#").strip())
+            continue
+        m = re.match(r"^(\s*)([A-Za-z0-9_.-]+):(.*)$", line)
+        if not m:
+            pending = []
+            continue
+        indent = len(m.group(1))
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        stack.append((indent, m.group(2)))
+        inline = re.search(r"\s#\s(.*)$", m.group(3))
+        words = pending + ([inline.group(1).strip()] if inline else [])
+        if words:
+            out[".".join(k for _, k in stack)] = " ".join(words)
+        pending = []
+    return out
+
+
+def _resolve(schema: dict, root: dict) -> dict:
+    if "$ref" in schema:
+        name = schema["$ref"].rsplit("/", 1)[-1]
+        return {**root["definitions"][name], "ref": name, **{k: v for k, v in schema.items() if k != "$ref"}}
+    return schema
+
+
+def _schema_type(schema: dict, root: dict) -> str:
+    schema = _resolve(schema, root)
+    if "enum" in schema:
+        return " or ".join(f"`{v}`" for v in schema["enum"])
+    if "const" in schema:
+        return _value(schema["const"])
+    if "anyOf" in schema:
+        return " or ".join(_schema_type(s, root) for s in schema["anyOf"])
+    kind = schema.get("type", "")
+    kind = " or ".join(kind) if isinstance(kind, list) else kind
+    ref = {"dnsLabel": " (DNS label)", "dnsName": " (DNS name)"}.get(schema.get("ref", ""), "")
+    return kind + ref
+
+
+_MISSING = object()
+_YAML_TYPES = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"), (list, "array"),
+               (dict, "object"))
+
+
+def _config_field(path: list[str]):
+    """The deployment model's field of a ``config.*`` key (the chart renders ``config`` as kale.yaml), or None."""
+    models = {"kale": deployment.KalePolicySettings, "kubernetes": deployment.KubernetesWorkerConfig,
+              "alerts": deployment.AlertsConfig}
+    if path[0] != "config":
+        return None
+    if len(path) == 2:
+        return deployment.Deployment.model_fields.get(path[1])
+    if len(path) == 3 and path[1] in models:
+        return models[path[1]].model_fields.get(path[2])
+    return None
+
+
+def _value_rows(schema: dict, values: Any, comments: dict, root: dict, path: list[str]) -> list[list[str]]:
+    schema = _resolve(schema, root)
+    props = schema.get("properties", {})
+    given = values if isinstance(values, dict) else {}
+    rows = []
+    for key in list(given) + [k for k in props if k not in given]:
+        sub, val, here = _resolve(props.get(key, {}), root), given.get(key, _MISSING), path + [key]
+        dotted, field = ".".join(here), _config_field(here)
+        text = sub.get("description") or comments.get(dotted) or (field.description if field else "") or ""
+        kind = _schema_type(sub, root) or next((n for t, n in _YAML_TYPES if isinstance(val, t)), "")
+        if sub.get("properties"):
+            if text:
+                rows.append([f"`{dotted}`", kind or "object", "", _md(text)])
+            rows += _value_rows(sub, val, comments, root, here)
+            continue
+        default = _value(val) if val is not _MISSING else (_default(field) if field else "")
+        rows.append([f"`{dotted}`", kind, default, _md(text)])
+    return rows
+
+
+def chart_values_table(schema: dict | None = None, values_text: str | None = None) -> str:
+    """The chart's values, one row per key: type (schema), default (values.yaml), description
+    (schema, else the values file's comment, else the deployment model's for ``config.*``)."""
+    schema = schema if schema is not None else json.loads((CHART / "values.schema.json").read_text())
+    values_text = values_text if values_text is not None else (CHART / "values.yaml").read_text()
+    rows = _value_rows(schema, yaml.safe_load(values_text) or {}, values_comments(values_text), schema, [])
+    return _table(["key", "type", "default", "description"], rows) + "\n"
+
+
+# ------------------------------------------------------------------ mutation testing
+def mutation_table(path: Path | None = None) -> str:
+    """Per mutated module: mutants killed, surviving (of them explained) and the score, from
+    the result file ``make mutation`` writes."""
+    doc = json.loads((path or ROOT / "benchmarks" / "results" / "mutation.json").read_text())
+    rows = [[f"`{name}`", m["killed"], f"{m['survived']} ({m['explained']} explained)",
+             "-" if m["score"] is None else f"{m['score']:.2f}"] for name, m in doc["modules"].items()]
+    summary = (f"{doc['ran']:,} mutants run, score {doc['score']}, {doc['unexplained']} survivor(s) not yet "
+               f"killed or explained (from `benchmarks/results/mutation.json`).")
+    return summary + "\n\n" + _table(["module", "killed", "survived", "score"], rows) + "\n"
+
+
+# ------------------------------------------------------------------ engine benchmark
+PT = 100.0
+NAMES = {"nyc_taxi_30min": "NYC taxi, 30 min", "nasa_http_jul1995_1min": "NASA HTTP, 1 min",
+         "twitter_volume_AMZN_5min": "Twitter AMZN, 5 min", "twitter_volume_FB_5min": "Twitter FB, 5 min"}
+
+
+def engine_table(report: dict | None = None) -> str:
+    """The engine benchmark's table (one row per reported trace, cluster and window), from
+    ``benchmarks/results/engine.json``."""
+    report = report or _engine()
+    head = ("| trace, cluster, window (days) | lag / best HPA | downtime / best HPA | Kale SLO viol. "
+            "(clairvoyant) | GPU-h / best Autopilot (its SLO viol.) | GPU-h / clairvoyant | GPU-h / offline opt. "
+            "| rescales / day | targets met |")
+    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
+    for key, doc in report["runs"].items():
+        trace, cluster, window = key.split("|")
+        p, best = doc["policies"], doc["best"]
+        k, c = p["kale"], p["oracle"]
+        h, a = p[best["hpa"]], p[best["autopilot"]]
+        days = doc["evaluation"]["days"]
+        checks = doc["checks"]
+        lag = next(ch for ch in checks if "lag" in ch["name"])
+        lag_txt = f"{k['accumulated_lag'] / h['accumulated_lag']:.3f}"
+        if "excess" in lag["name"]:
+            lag_txt += f" (excess {lag['value']:.2f})"
+        lines.append(
+            f"| {NAMES.get(trace, trace)}, {cluster}, {window.replace('_', ' ')} ({days:.1f}) "
+            f"| {lag_txt} `{best['hpa']}` | {k['downtime_s'] / h['downtime_s']:.3f} "
+            f"| {k['slo_violation_rate'] * PT:.2f} % ({c['slo_violation_rate'] * PT:.2f} %) "
+            f"| {k['gpu_hours'] / a['gpu_hours']:.3f} `{best['autopilot']}` ({a['slo_violation_rate'] * PT:.2f} %) "
+            f"| {k['gpu_hours'] / c['gpu_hours']:.3f} | {k['gpu_hours'] / doc['limits']['offline_optimal_gpu_hours']:.3f} "
+            f"| {k['rescales'] / days:.0f} | {sum(ch['pass'] for ch in checks)}/{len(checks)} |")
+    return "\n".join(lines)
+
+
+def rules_table(report: dict | None = None) -> str:
+    """Kale's planner against the rules it replaced (``kale-rules``), row by row, from
+    ``benchmarks/results/engine.json``."""
+    report = report or _engine()
+    head = ("| trace, cluster, window | GPU-h / offline opt. (rules) | lag / best HPA (rules) "
+            "| SLO viol. (rules) | rescales / day (rules) |")
+    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
+    for key, doc in report["runs"].items():
+        trace, cluster, window = key.split("|")
+        p, best = doc["policies"], doc["best"]
+        k, r, h = p["kale"], p["kale-rules"], p[best["hpa"]]
+        off, days = doc["limits"]["offline_optimal_gpu_hours"], doc["evaluation"]["days"]
+        lines.append(
+            f"| {NAMES.get(trace, trace)}, {cluster}, {window.replace('_', ' ')} "
+            f"| {k['gpu_hours'] / off:.3f} ({r['gpu_hours'] / off:.3f}) "
+            f"| {k['accumulated_lag'] / h['accumulated_lag']:.3f} ({r['accumulated_lag'] / h['accumulated_lag']:.3f}) "
+            f"| {k['slo_violation_rate'] * PT:.2f} % ({r['slo_violation_rate'] * PT:.2f} %) "
+            f"| {k['rescales'] / days:.0f} ({r['rescales'] / days:.0f}) |")
+    return "\n".join(lines)
+
+
+def _engine() -> dict:
+    return json.loads((ROOT / "benchmarks" / "results" / "engine.json").read_text())
+
+
+def _miss_kind(check: dict) -> str:
+    """What a check of ``benchmarks/engine.py``'s ``judge`` compares, in words."""
+    name = check["name"]
+    if "offline optimum" in name:
+        return "GPU-hours against the offline optimum"
+    if "(points)" in name:
+        return "SLO violations above the best Autopilot's"
+    if "GPU-hours" in name:
+        return "GPU-hours against the best Autopilot"
+    if "excess" in name:
+        return "lag in excess of clairvoyant Kale's against the best HPA's"
+    return next((f"{what} against the best HPA" for what in ("lag", "downtime") if what in name), "SLO violations")
+
+
+def engine_summary(report: dict | None = None) -> str:
+    """The README's results paragraph: targets met, the ranges that matter, and each miss."""
+    report = report or _engine()
+    runs = report["runs"]
+    checks = [c for d in runs.values() for c in d["checks"]]
+    off = [d["policies"]["kale"]["gpu_hours"] / d["limits"]["offline_optimal_gpu_hours"] for d in runs.values()]
+    rules = [d["policies"]["kale-rules"]["gpu_hours"] / d["limits"]["offline_optimal_gpu_hours"] for d in runs.values()]
+    per_day = [d["policies"]["kale"]["rescales"] / d["evaluation"]["days"] for d in runs.values()]
+    misses: dict[tuple[str, str], list] = {}
+    for key, d in runs.items():
+        for c in d["checks"]:
+            if not c["pass"]:
+                misses.setdefault((NAMES.get(key.split("|")[0], key.split("|")[0]), _miss_kind(c)), []).append(c)
+    lines = [f"On the {len(runs)} reported rows (4 traces x 3 clusters x whole and second half) Kale met "
+             f"{sum(c['pass'] for c in checks)} of {len(checks)} targets. It used {min(off):.2f}-{max(off):.2f}x the "
+             f"offline optimum's GPU-hours (the rules it replaced: {min(rules):.2f}-{max(rules):.2f}x) at "
+             f"{min(per_day):.0f}-{max(per_day):.0f} rescales a day."]
+    for (trace, kind), cs in misses.items():
+        values = [c["value"] for c in cs]
+        lines.append(f"Missed on {trace}: {kind} on {len(cs)} row(s), {min(values):.3g}-{max(values):.3g} "
+                     f"(target {cs[0]['target']}).")
+    speed = report.get("speed", {})
+    if speed:
+        lines.append(f"`kale simulate --days 30` with every policy: {speed['wall_s']:.1f} s here; one decision "
+                     f"{speed['kale_decide_p99_ms']:.2f} ms at p99.")
+    lines.append("Every row, and Kale beside the rules: [docs/policy.md](docs/policy.md#results).")
+    return "\n".join(lines) + "\n"
+
+
+def engine_tables() -> str:
+    """docs/policy.md's results: the engine table, then Kale beside the rules."""
+    report = _engine()
+    return engine_table(report) + "\n\nKale beside the rules it replaced (`kale-rules`, in parentheses):\n\n" + \
+        rules_table(report) + "\n"
+
+
+# ------------------------------------------------------------------ files
+GENERATED: list[tuple[str, str, Callable[[], str]]] = [
+    ("docs/configuration.md", "configuration-reference", configuration_reference),
+    ("charts/kale-airflow/README.md", "chart-values", chart_values_table),
+    ("docs/testing.md", "mutation-table", mutation_table),
+    ("docs/policy.md", "engine-tables", engine_tables),
+    ("README.md", "engine-summary", engine_summary),
+]
+
+
+def render(text: str, name: str, body: str, where: str = "") -> str:
+    """``text`` with the part between the ``name`` markers replaced by ``body``."""
+    begin, end = f"<!-- BEGIN GENERATED {name} ({COMMAND}) -->", f"<!-- END GENERATED {name} -->"
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
+    if not pattern.search(text):
+        raise DocsError(f"{where or 'the file'} has no {begin} ... {end} block")
+    return pattern.sub(lambda _: f"{begin}\n{body.rstrip()}\n{end}", text, count=1)
+
+
+def stale(root: Path = ROOT, write: bool = False) -> list[str]:
+    """The generated files whose generated part differs from the code's (rewritten with ``write``)."""
+    out = []
+    for rel, name, make in GENERATED:
+        path = root / rel
+        text = path.read_text()
+        fresh = render(text, name, make(), rel)
+        if fresh != text:
+            out.append(rel)
+            if write:
+                path.write_text(fresh)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite the generated documentation, or (``--check``) exit 1 naming the stale files."""
+    ap = argparse.ArgumentParser(prog=COMMAND, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if a generated part is stale")
+    args = ap.parse_args(argv)
+    try:
+        changed = stale(write=not args.check)
+    except (DocsError, OSError) as exc:
+        print(f"docs: {exc}", file=sys.stderr)
+        return 2
+    for rel in changed:
+        print(f"{'stale' if args.check else 'rewrote'}: {rel}")
+    if args.check and changed:
+        print(f"run: {COMMAND}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

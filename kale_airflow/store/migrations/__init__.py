@@ -1,0 +1,1 @@
+"""Alembic migrations of the control-plane database (run from code: :mod:`kale_airflow.store.migrate`)."""

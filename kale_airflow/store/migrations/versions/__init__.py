@@ -1,0 +1,1 @@
+"""One module per schema revision, oldest first (Alembic reads them by path)."""

@@ -1,0 +1,82 @@
+"""The local supervisor tells a dependency outage from a crash loop and a refusal, and marks
+the job's heartbeats ``failed`` when it gives up (the crash loop itself: test_worker.py)."""
+
+import sys
+
+import pytest
+
+from kale_airflow.runtime.supervise import (
+    EXIT_DEPENDENCY,
+    EXIT_REFUSED,
+    Supervisor,
+    main,
+)
+from kale_airflow.store import StateStore
+
+
+def exits(tmp_path, *codes):
+    """A command that exits with ``codes`` in turn over its runs (then 0)."""
+    counter = tmp_path / "runs"
+    script = (f"import pathlib, sys; p = pathlib.Path({str(counter)!r}); n = int(p.read_text()) if p.exists() else 0; "
+              f"p.write_text(str(n + 1)); codes = {list(codes)!r}; sys.exit(codes[n] if n < len(codes) else 0)")
+    return [sys.executable, "-c", script]
+
+
+@pytest.mark.parametrize("codes, ran_s, give_up, delay", [
+    ([3], 0.0, False, 2.0),                  # a crash: restart 1/1 after the backoff
+    ([EXIT_REFUSED], 0.0, True, 0.0),        # a refusal: never restarted
+    ([EXIT_DEPENDENCY], 0.0, False, 2.0),    # an outage: restarted, not counted
+    ([-9, EXIT_DEPENDENCY], 0.0, False, 2.0),  # one rank's outage broke its peer's collective
+], ids=["crash", "refused", "outage", "outage-with-a-broken-peer"])
+def test_a_failed_run_is_judged_by_its_exit_codes(codes, ran_s, give_up, delay):
+    sup = Supervisor(["x"], max_restarts=1, backoff_s=2.0)
+    assert sup.verdict(codes, ran_s)[:2] == (give_up, delay)
+
+
+def test_outage_restarts_back_off_to_a_cap_and_give_up_only_after_the_deadline():
+    sup = Supervisor(["x"], max_restarts=1, backoff_s=2.0, outage_deadline_s=600.0)
+    delays = [sup.verdict([EXIT_DEPENDENCY], 1.0, now=10.0 * k)[1] for k in range(8)]
+    assert delays == [2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0, 60.0]  # 8 restarts, max_restarts 1: no give-up
+    give_up, _, then = sup.verdict([EXIT_DEPENDENCY], 1.0, now=600.0)
+    assert give_up and "dependency outage for 600 s" in then and "--outage-deadline" in then
+    sup = Supervisor(["x"], max_restarts=1, backoff_s=2.0)
+    sup.verdict([3], 1.0)
+    assert sup.verdict([3], 1.0)[0]  # two crashes in a row with one restart allowed: a crash loop
+    assert not sup.verdict([3], 120.0)[0]  # a run that was healthy resets the count
+
+
+def test_a_dependency_outage_is_not_a_crash_loop(tmp_path, capfd):
+    code = main(["--max-restarts", "1", "--backoff", "0", "--", *exits(tmp_path, *[EXIT_DEPENDENCY] * 4)])
+    out = capfd.readouterr().out
+    assert code == 0 and out.count("dependency outage (exit code 75") == 4 and "giving up" not in out
+    assert "do not count toward --max-restarts" in out
+
+
+def test_an_outage_past_the_deadline_gives_up_and_marks_the_job_failed(tmp_path, capfd, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'kale.db'}"
+    monkeypatch.setenv("KALE_DATABASE_URL", url)
+    StateStore(url).worker_seen("g4", 0, "running")
+    code = main(["--backoff", "0.05", "--outage-deadline", "0.3", "--",
+                 *exits(tmp_path, *[EXIT_DEPENDENCY] * 1000), "--generation", "g4", "--worker-id", "0"])
+    out = capfd.readouterr().out
+    assert code == EXIT_DEPENDENCY and "giving up after --outage-deadline 0.3 s" in out
+    assert StateStore(url).workers_seen("g4")[0]["state"] == "failed"  # no dead job keeps saying running
+
+
+def test_a_refusal_is_not_restarted_and_every_rank_is_marked_failed(tmp_path, capfd, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'kale.db'}"
+    monkeypatch.setenv("KALE_DATABASE_URL", url)
+    code = main(["--ranks", "2", "--log-dir", str(tmp_path / "logs"), "--",
+                 sys.executable, "-c", f"import sys; sys.exit({EXIT_REFUSED})", "--generation", "g5"])
+    out = capfd.readouterr().out
+    assert code == EXIT_REFUSED and "refused to run" in out and "not restarting" in out
+    assert "restart 1" not in out and out.count("job of 2 rank(s) started") == 1
+    assert {r: rec["state"] for r, rec in StateStore(url).workers_seen("g5").items()} == {0: "failed", 1: "failed"}
+    assert "marked generation g5's rank(s) 0, 1 failed" in out
+
+
+def test_marking_a_job_failed_is_best_effort(tmp_path, capfd, monkeypatch):
+    monkeypatch.setenv("KALE_DATABASE_URL", "postgresql://kale@127.0.0.1:1/kale")  # nobody listens there
+    code = main(["--max-restarts", "0", "--", sys.executable, "-c", "import sys; sys.exit(3)", "--generation", "g6"])
+    out = capfd.readouterr().out
+    assert code == 3 and "could not mark generation g6 failed" in out and "heartbeats go stale instead" in out
