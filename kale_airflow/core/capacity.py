@@ -84,8 +84,10 @@ class OnlineThroughput:  # pragma: no mutate block
         """Record one measurement; refit at most every ``refit_every_s`` or on a new count."""
         if rate is None or rate <= 0 or workers < 1:
             return
-        new_count = workers not in self._obs
-        seen = self._obs.setdefault(workers, deque(maxlen=self._per_count))
+        seen = self._obs.get(workers)
+        new_count = seen is None
+        if new_count:
+            seen = self._obs[workers] = deque(maxlen=self._per_count)
         seen.append(rate)
         # Refit on a new count, once it has enough measurements to count as observed (the
         # peak guard compares measured means), and every refit_every_s.

@@ -184,7 +184,10 @@ def first_step(capacity: np.ndarray, start: Start, length_s: float, next_rate: f
     later (its age is infinite)."""
     n = np.arange(len(capacity), dtype=float)
     c, r, b0 = capacity, start.rate, start.backlog
-    pause = np.where(n != start.workers, min(prices.downtime_s, length_s), 0.0)
+    d = min(prices.downtime_s, length_s)
+    pause = np.full(len(c), d)
+    if 0 <= start.workers < len(c):
+        pause[start.workers] = 0.0
     queued = b0 + r * pause                               # backlog when training resumes
     run = length_s - pause
     spare = c - r
@@ -192,18 +195,20 @@ def first_step(capacity: np.ndarray, start: Start, length_s: float, next_rate: f
     np.divide(queued, spare, out=t_drain, where=spare > 0)
     drained = t_drain <= run
     end = np.where(drained, 0.0, queued - spare * run)
-    lag = pause * (b0 + queued) / 2.0 + np.where(drained, queued * np.minimum(t_drain, run) / 2.0, run * (queued + end) / 2.0)
-    if end.any():
+    lag = pause * (b0 + queued) / 2.0 + np.where(drained, queued * np.minimum(t_drain, run), run * (queued + end)) / 2.0
+    left = end > 0
+    if left.any():
         spare_next = c - next_rate
         tail = end * rest_s - spare_next * rest_s ** 2 / 2.0   # still growing after the step
         np.divide(end ** 2, 2.0 * spare_next, out=tail, where=spare_next > 0)
-        lag = lag + np.where(end > 0, tail, 0.0)
+        lag += np.where(left, tail, 0.0)
     behind = np.maximum(1.0 - c / r, 0.0) if r > 0 else 0.0
     fresh = np.where(queued > 0, (start.freshness_s if b0 > 0 else 0.0) + pause, 0.0) + run * behind
-    if end.any():  # a queue the count cannot drain at the next step's rate grows until the SLO breaks
-        fresh = np.where((end > 0) & (c < next_rate), INF, fresh)
+    if left.any():  # a queue the count cannot drain at the next step's rate grows until the SLO breaks
+        fresh[left & (c < next_rate)] = INF
     gpu = n * length_s + np.maximum(start.workers - n, 0.0) * pause
-    cost = np.where(n >= prices.min_workers, gpu + prices.lag_price * lag + values, INF)
+    cost = gpu + prices.lag_price * lag + values
+    cost[: prices.min_workers] = INF
     return FirstStep(cost, fresh <= slo_s, fresh, end)
 
 

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import pandas as pd
+from threadpoolctl import threadpool_limits
 
 from kale_airflow.core.errors import KaleError
 from kale_airflow.core.forecast import get_forecaster
@@ -507,7 +508,10 @@ def simulate(trace: Trace, policies=ALL_POLICIES, cfg: SimConfig | None = None, 
 
         bar = tqdm(total=len(workload.arrivals) * len(policies), unit="tick", unit_scale=True, desc=trace.name)
     args = (cfg, workload, noise, initial, forecaster, forecaster_kwargs, kale_config)
-    runs = _replay_all(tuple(policies), jobs, bar, args)
+    # One BLAS thread: the replays' small matrix products gain nothing from more, and idle
+    # OpenBLAS threads spin on the cores the other replays need (twice the CPU time).
+    with threadpool_limits(limits=1, user_api="blas"):
+        runs = _replay_all(tuple(policies), jobs, bar, args)
     if bar is not None:
         bar.close()
     offline = offline_optimum(workload.arrivals, cfg, initial) if offline else {}
