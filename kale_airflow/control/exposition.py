@@ -126,7 +126,7 @@ class DecisionMetrics:
         if d.workers != o.workers:
             self.rescales.labels("start" if not o.workers else ("up" if d.workers > o.workers else "down")).inc()
         det = d.details or {}
-        self._set(self.plan, det.get("target"))
+        self._set(self.plan, det.get("plan_workers"))
         for plan, key in (("move", "plan_gpu_h"), ("stay", "stay_gpu_h")):
             hours = _finite(det.get(key))
             self._set(self.cost.labels(plan), None if hours is None else hours * 3600)

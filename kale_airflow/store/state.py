@@ -110,12 +110,13 @@ class StateStore:
                                                 details=json.dumps(details)))
 
     def decisions(self, limit: int = 1000) -> list[dict]:
-        """The most recent decisions, oldest first."""
+        """The most recent decisions, oldest first. The recorded columns win over a detail of
+        the same name (the decided count is ``target``, whatever a policy put in its details)."""
         d = decisions.c
         with self.db.connect() as c:
             rows = c.execute(select(d.ts, d.workers, d.target, d.reason, d.message, d.details)
                              .order_by(d.ts.desc(), d.id.desc()).limit(limit)).all()
-        return [{"ts": t, "workers": w, "target": g, "reason": r, "message": m, **json.loads(x)}
+        return [{**json.loads(x), "ts": t, "workers": w, "target": g, "reason": r, "message": m}
                 for t, w, g, r, m, x in reversed(rows)]
 
     def current(self, name: str = "default") -> dict | None:

@@ -96,13 +96,27 @@ def state() -> dict:  # pragma: no mutate block
     return _state()
 
 
+def _figure_settings() -> tuple[float | None, float | None, int]:  # pragma: no mutate block
+    """The deployment's freshness SLO, planned forecast quantile, and how many decisions make
+    a day at its poll interval; (None, None, 2000) when its configuration cannot be read."""
+    from kale_airflow.config import ConfigError, load_config
+
+    try:
+        dep = load_config().deployment
+    except ConfigError:
+        return None, None, 2000
+    return dep.slo_s, dep.kale_config.forecast_quantile, min(20000, int(86400 / dep.poll_interval_s) + 1)
+
+
 def plot() -> Response:  # pragma: no mutate block
-    """Forecast vs actual traffic with the forecast band and the workers' capacity, and the
-    worker count against what the forecast needs, with each rescale's reason."""
+    """The last day of decisions on a wall-clock axis: forecast vs actual traffic with the
+    forecast band and the workers' capacity, the workers against the plan's target with
+    each rescale's reason, every decision by reason, and the freshness lag against the SLO."""
     from kale_airflow.reporting.plots import plot_decisions, png_bytes
 
-    decisions = _store().decisions(2000)  # the control store only: no MLflow round trip for the image
-    return Response(png_bytes(plot_decisions(decisions)), media_type="image/png")
+    slo_s, quantile, day = _figure_settings()
+    decisions = _store().decisions(day)  # the control store only: no MLflow round trip for the image
+    return Response(png_bytes(plot_decisions(decisions, slo_s, quantile)), media_type="image/png")
 
 
 def _link(m: dict) -> str:  # pragma: no mutate block

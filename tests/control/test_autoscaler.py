@@ -83,7 +83,7 @@ def test_first_start_begins_at_the_plans_count_and_is_recorded(home):
     assert d.reason is Reason.SCALE_UP_FORECAST and "no training generation is running" in d.message
     # No bins yet: the documented fallback, 3,500 samples/s plus 20 %, at 1,000 per worker.
     assert d.details["source"].startswith("fallback") and d.details["planned_rate"] == pytest.approx(4200, rel=1e-3)
-    assert d.workers == d.details["target"] and 5 <= d.workers <= 7
+    assert d.workers == d.details["plan_workers"] and 5 <= d.workers <= 7
     recorded = auto.state.decisions()[-1]
     assert (recorded["workers"], recorded["target"], recorded["reason"]) == (0, d.workers, "scale_up_forecast")
 
@@ -118,7 +118,7 @@ def test_without_a_throughput_model_kale_plans_on_what_the_workers_measured(home
     auto.metrics.write_throughput([NOW - 30] * 5, [2] * 5, [1800.0] * 5)
     auto.policy = None  # the next DAG run builds Kale anew
     d, _ = auto.poke(NOW + 15)
-    assert "assuming linear scaling" in d.message and d.details["target"] >= 5
+    assert "assuming linear scaling" in d.message and d.details["plan_workers"] >= 5
 
 
 def test_cached_champions_keep_deciding_through_an_outage_and_reload_only_on_a_new_version(home):
@@ -172,6 +172,24 @@ def test_pending_pods_hold_instead_of_asking_for_more(home):
     arrive(home[1], 9000)
     d, _ = auto.poke(NOW)
     assert (d.workers, d.reason) == (2, Reason.HOLD_PENDING)
+
+
+def test_a_partly_scheduled_generation_holds_until_every_pod_runs(home):
+    """3 of a 4-pod generation Running, one Pending for a GPU node (and a finished pod of the
+    generation before): the autoscaler counts only the Running ones, holds at 4 (hold_pending)
+    instead of asking for the 9+ the traffic needs, and scales up once the fourth pod runs."""
+    phases = ["Running", "Running", "Running", "Pending", "Succeeded"]
+    auto = autoscaler(home, pods=lambda: [pod(p) for p in phases], worker_backend="kubernetes",
+                      kale={"persist_s": 0})
+    running(auto, 4)
+    arrive(home[1], 9000)
+    d, obs = auto.poke(NOW)
+    assert (obs.workers, obs.ready_workers) == (4, 3)
+    assert (d.workers, d.reason) == (4, Reason.HOLD_PENDING) and "1 of 4 workers are Pending" in d.message
+    phases[3] = "Running"  # the node autoscaler's GPU node came up
+    arrive(home[1], 9000, end=NOW + 15)
+    d, obs = auto.poke(NOW + 15)
+    assert obs.ready_workers == 4 and d.workers > 4 and d.reason != Reason.HOLD_PENDING
 
 
 def test_local_backend_never_lists_pods(home):

@@ -27,7 +27,7 @@ def series(text: str, name: str) -> float:
 @pytest.mark.prometheus
 def test_a_decision_sets_the_gauges_and_counts_its_reason():
     m = DecisionMetrics()
-    details = {"target": 6, "plan_gpu_h": 12.5, "stay_gpu_h": 14.0, "planned_rate": 5000.0, "forecast_peak": 5400.0,
+    details = {"plan_workers": 6, "plan_gpu_h": 12.5, "stay_gpu_h": 14.0, "planned_rate": 5000.0, "forecast_peak": 5400.0,
                "source": "model"}
     m.record(Decision(6, Reason.SCALE_UP_SLO_RISK, "lag", details), Observation(10.0, 4, 4000.0, 9e4, 200.0, None,
                                                                             3900.0, False, 3),
@@ -59,7 +59,7 @@ def test_the_exporter_process_exports_recorded_decisions_to_prometheus(tmp_path)
     url = f"sqlite:///{tmp_path / 'kale.db'}"
     store = StateStore(url)
     store.record_decision(time.time(), 0, {"workers": 2, "reason": "scale_up_forecast", "message": "start",
-                                           "target": 2, "forecast_peak": 900.0})
+                                           "plan_workers": 2, "forecast_peak": 900.0})
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "KALE_HOME": str(tmp_path), "KALE_DATABASE_URL": url}
     env.pop("KALE_CONFIG", None)

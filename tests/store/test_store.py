@@ -161,3 +161,10 @@ def test_a_missing_url_is_refused_instead_of_creating_a_file_named_after_it(url,
     with pytest.raises(DatabaseError, match="KALE_DATABASE_URL"):
         normalize_url(url)
     assert not list(tmp_path.iterdir())
+
+
+def test_a_detail_never_overwrites_the_decided_count(tmp_path):
+    store = StateStore(tmp_path / "kale.db")
+    store.record_decision(1.0, 4, {"workers": 4, "reason": "hold_stabilizing", "message": "waiting", "target": 6})
+    row = store.decisions()[-1]
+    assert (row["workers"], row["target"], row["reason"]) == (4, 4, "hold_stabilizing")

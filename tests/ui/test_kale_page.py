@@ -171,3 +171,25 @@ def test_plugin_registers_the_app_and_a_nav_entry():
     from kale_airflow.get_provider_info import get_provider_info
 
     assert get_provider_info()["plugins"][0]["plugin-class"] == "kale_airflow.ui.plugin.KalePlugin"
+
+
+@pytest.mark.parametrize("yaml_text, expected", [
+    ("slo_s: 120\npoll_interval_s: 30\nkale: {forecast_quantile: 0.9}\n", (120.0, 0.9, 2881)),
+    (None, (300.0, 0.5, 5761)),  # no kale.yaml: the embedded defaults, a 15 s poll interval
+    ("slo_s: [not, a, number]\n", (None, None, 2000)),  # unreadable: still a figure, without the SLO
+], ids=["deployment", "defaults", "bad-config"])
+def test_the_plot_shows_the_last_day_against_the_deployments_slo(history, signed_in, monkeypatch, tmp_path,
+                                                                 yaml_text, expected):
+    from kale_airflow.reporting import plots
+
+    if yaml_text is not None:
+        (tmp_path / "kale.yaml").write_text(yaml_text)
+    seen, limits = [], []
+    draw, read = plots.plot_decisions, StateStore.decisions
+    monkeypatch.setattr(plots, "plot_decisions", lambda ds, slo_s, quantile: seen.append((slo_s, quantile, ds))
+                        or draw(ds, slo_s, quantile))
+    monkeypatch.setattr(StateStore, "decisions", lambda self, limit=1000: limits.append(limit) or read(self, limit))
+    png = signed_in.get("/plot.png")
+    assert png.status_code == 200 and png.content[:4] == b"\x89PNG"
+    (slo_s, quantile, ds), = seen
+    assert (slo_s, quantile, limits[-1]) == expected and [d["reason"] for d in ds][-1] == "scale_down_forecast"

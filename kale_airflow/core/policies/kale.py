@@ -100,7 +100,7 @@ class Plan:
         """The plan's figures every decision carries (GPU-hours; ``stay`` is the plan's cost
         if the count is kept, ``plan`` that of the move it chose)."""
         stay = self.cost[current] if current < len(self.cost) else math.inf
-        return {"target": self.target, "plan_gpu_h": round(float(self.cost[self.target]) / 3600, 4),
+        return {"plan_workers": self.target, "plan_gpu_h": round(float(self.cost[self.target]) / 3600, 4),
                 "stay_gpu_h": round(float(stay) / 3600, 4) if math.isfinite(stay) else None,
                 "planned_rate": round(self.rate, 3), "forecast_peak": round(self.peak, 3), "source": self.source}
 

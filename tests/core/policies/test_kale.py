@@ -63,7 +63,7 @@ def test_the_reason_names_the_binding_term(bins, workers, now, reason, target):
     d = run(kale(bins), workers, **now)
     assert d.reason == reason, d.message
     assert target[0] <= d.workers <= target[1]
-    assert d.details["target"] == d.workers and d.details["plan_gpu_h"] > 0
+    assert d.details["plan_workers"] == d.workers and d.details["plan_gpu_h"] > 0
 
 
 def test_with_lag_free_the_slo_alone_bounds_the_plan():
