@@ -136,11 +136,11 @@ def serving_latency(trace) -> dict:
         f = get_forecaster("auto").fit(trace.series.iloc[-14 * 48:])
         save_forecaster(f, Path(tmp) / "fc")
         with mlflow_at(uri, Path(tmp, "art").as_uri()) as client:
-            with mlflow.start_run() as run:
-                mlflow.pyfunc.log_model(name="model", python_model=ForecasterModel(),
-                                        artifacts={"forecaster": str(Path(tmp) / "fc")},
-                                        signature=forecaster_signature(["q50", "q80", "q90"], 2))
-            v = register(client, FORECASTER_MODEL, run.info.run_id, "model", "bench")
+            with mlflow.start_run():
+                info = mlflow.pyfunc.log_model(name="model", python_model=ForecasterModel(),
+                                               artifacts={"forecaster": str(Path(tmp) / "fc")},
+                                               signature=forecaster_signature(["q50", "q80", "q90"], 2))
+            v = register(client, FORECASTER_MODEL, info.model_uri, "bench")
             client.set_registered_model_alias(FORECASTER_MODEL, CHAMPION, v)
             hist = trace.series.iloc[-48:].rename("value").reset_index().rename(columns={"index": "timestamp"})
             loads, preds = [], []

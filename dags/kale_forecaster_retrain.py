@@ -29,7 +29,9 @@ version tag `kale.selected`) and every candidate's scores (`candidate.<name>.mas
 
 With `auto_promote` on, a challenger with a lower MASE becomes `champion`; otherwise it is
 tagged `kale.review=pending` with the comparison in its description (and the alert notifier
-says so): review it in the MLflow UI and move the `champion` alias to promote it.
+says so): review it in the MLflow UI and promote it with `kale promote forecaster VERSION`,
+which records who approved it (an alias moved in the MLflow UI is recorded as
+`approved-manually` when the autoscaler notices).
 
 A promotion ends with `announce_champion`, whose outlet is the Asset
 `kale://models/forecaster`: the asset event (model, version) tells the autoscaler to reload

@@ -21,16 +21,21 @@ Triggered by `kale_autoscaler` with `{workers, generation}` (or by hand).
    generation's slices of the same partition stopped (no sample skipped, committed before
    the assignment is published); idempotent per generation.
 2. **backend**: the configured `worker_backend` picks the path; the DAG is the same.
-   - `local` (embedded default): **start_local_workers** launches the generation's
-     `torch.distributed` job (one process per rank, one supervisor restarting the whole job
-     when a rank dies); it trains until a newer generation supersedes it.
+   - `local` (embedded default): **start_local_workers** hands the generation to the
+     deployment's pool supervisor (starting it if none runs), which keeps one rank process
+     per slot across generations: a scale-up starts only the added ranks, a scale-down lets
+     the removed ones exit, the others re-join in seconds with the model in memory
+     (`worker_warm_wait_s: 0`: a new job per generation, as before).
    Starting the workers claims the generation for this run: another run of the same
    generation is refused (two jobs would train the same slices).
-   - `kubernetes`: **worker_pods**, one mapped `KubernetesPodOperator` GPU pod per worker
-     (GPU limit, node selector, tolerations, checkpoint PVC, non-root, `KALE_DATABASE_URL`
-     from a Secret); a pod ends when its worker sees a newer generation, checkpoints and
-     exits 0. The pods are deferrable (the triggerer watches them, no worker slot is held),
-     run in the `kubernetes.pool` Airflow pool, and may stay Pending up to
+   - `kubernetes`: **worker_pods**, one mapped `KubernetesPodOperator` GPU pod per slot
+     that no warm rank keeps (GPU limit, node selector, tolerations, checkpoint PVC,
+     non-root, `KALE_DATABASE_URL` from a Secret): all of them for the first generation, a
+     scale-up's added slots, none for a scale-down. A pod outlives the generation that
+     started it: it re-joins every later generation that has room for its slot, and its
+     task (in the run that created it) stays deferred until the pod exits 0, when its slot
+     is removed. The pods are deferrable (the triggerer watches them, no worker slot is
+     held), run in the `kubernetes.pool` Airflow pool, and may stay Pending up to
      `kubernetes.schedule_timeout_s` while a GPU node is added.
 """
 
@@ -61,6 +66,9 @@ DEPLOYMENT = _deployment()
     default_args=kale_default_args(retries=2, retry_delay_s=30),
     # a whole generation of worker pod tasks plus the branch and argument tasks
     max_active_tasks=training_dag_max_active_tasks(DEPLOYMENT),
+    # Warm pods outlive the run that started them: every run that owns a living pod stays
+    # running (at most one per slot), plus the newest generation's run.
+    max_active_runs=DEPLOYMENT.max_workers + 1,
     params={"workers": Param(1, type=["integer", "string"], description="worker count of this generation"),
             "generation": Param("manual", type="string", description="generation id (unique per run)")},
 )
@@ -74,7 +82,7 @@ def kale_training():
 
         return "start_local_workers" if load_config().deployment.worker_backend == "local" else "worker_args"
 
-    @task(doc_md="Start local worker processes (embedded default); they outlive this task.")
+    @task(doc_md="Hand the generation to the local pool of rank processes (embedded default); they outlive this task.")
     def start_local_workers(summary: dict) -> list[int]:
         from airflow.sdk import get_current_context
 
@@ -84,7 +92,7 @@ def kale_training():
         # The run claims the generation: the autoscaler's retries then know it was started.
         return Generations(load_config()).start_local(summary["generation"], get_current_context()["run_id"])
 
-    @task(doc_md="Worker command lines for the pods, one per worker.")
+    @task(doc_md="Worker command lines for the pods to start: one per slot that no warm rank keeps.")
     def worker_args(summary: dict) -> list[list[str]]:
         from airflow.sdk import get_current_context
 

@@ -1,7 +1,8 @@
 """``kale db``: the control-plane database's schema (``upgrade``, ``current``, ``check``).
 
 They work on ``KALE_DATABASE_URL`` (else the embedded SQLite file under ``KALE_HOME``), or
-``--url``. ``upgrade`` is the deliberate step before a new kale-airflow rolls out on
+``--url``; ``current`` and ``check`` only read (a SQLite file that does not exist is
+reported, not created). ``upgrade`` is the deliberate step before a new kale-airflow rolls out on
 PostgreSQL (where components refuse a database that is behind unless
 ``KALE_DB_AUTO_UPGRADE=1``); it creates an empty database at the head revision, recognises
 a kale-airflow 0.1.0 database (``schema_version`` 1) and keeps every row.
@@ -14,11 +15,30 @@ import argparse
 EXIT_BEHIND = 1
 
 
-def _database(args: argparse.Namespace):
+def _url(args: argparse.Namespace) -> str:
     from kale_airflow.config import settings
+
+    return args.url or settings().database_url
+
+
+def _database(args: argparse.Namespace):
     from kale_airflow.store import Database
 
-    return Database(args.url or settings().database_url, prepare=False)
+    return Database(_url(args), prepare=False)
+
+
+def _no_file(args: argparse.Namespace) -> str | None:
+    """For ``current``/``check``, which only read: the line to print when the SQLite file does
+    not exist (opening it would create it and its folder), else None."""
+    from kale_airflow.cli.readonly import sqlite_file
+    from kale_airflow.store import masked
+    from kale_airflow.store.schema import HEAD_REVISION
+
+    path = sqlite_file(_url(args))
+    if path is None or path.exists():
+        return None
+    return (f"{masked(_url(args))}: no database ({path} does not exist); `kale db upgrade` creates it at revision "
+            f"{HEAD_REVISION}")
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
@@ -42,6 +62,10 @@ def cmd_db_current(args: argparse.Namespace) -> int:
     from kale_airflow.store import masked, migrate
     from kale_airflow.store.schema import HEAD_REVISION
 
+    missing = _no_file(args)
+    if missing:
+        print(missing)
+        return 0
     db = _database(args)
     try:
         state = migrate.current(db)
@@ -57,6 +81,10 @@ def cmd_db_check(args: argparse.Namespace) -> int:
     from kale_airflow.store import masked, migrate
     from kale_airflow.store.schema import HEAD_REVISION
 
+    missing = _no_file(args)
+    if missing:
+        print(missing)
+        return EXIT_BEHIND
     db = _database(args)
     try:
         state = migrate.current(db)

@@ -2,8 +2,8 @@
 
 Airflow (SQLite, ``dag.test()`` runs, triggers in-process), MLflow (SQLite), the
 embedded stream fed by the bundled trace time-compressed, local workers training the
-reference torch model (with an emulated GPU step time so a 2-core machine can host
-several), the forecaster trained and registered, the throughput model fitted from the
+reference torch model, or ``--config``'s ``trainer`` on its ``producer``'s payloads (with an
+emulated GPU step time so a 2-core machine can host several), the forecaster trained and registered, the throughput model fitted from the
 workers' own throughput in a short profiling phase, and the autoscaler scaling up and
 down with rebalancing. It ends with a summary, plots, and how to open both UIs.
 """
@@ -27,7 +27,9 @@ from kale_airflow.config import Settings
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 LOOKAHEAD_S = 60.0  # the demo's look-ahead: one minute of wall time, 90 minutes of trace time
-SLO_S = 120  # freshness SLO of the demo (wall seconds): a restart of the distributed job takes 30-60 s here
+# Freshness SLO of the demo (wall seconds): a warm rescale pauses training for about a second
+# here, but a crash restarts the distributed job from its checkpoint, 30-60 s on two cores.
+SLO_S = 120
 RUN_DAG = r"""
 import json, sys
 from airflow.dag_processing.dagbag import DagBag
@@ -41,8 +43,9 @@ class Demo:
     """Drives the loop and samples what a user would watch."""
 
     def __init__(self, out: Path, minutes: float, start: str, step_wall_s: float, peak_rate: float,
-                 step_time_s: float, batch: int, max_workers: int):
+                 step_time_s: float, batch: int, max_workers: int, model: dict | None = None):
         self.out = out.resolve()
+        self.model = model or {}  # ``trainer`` and ``producer`` of --config (none: the reference CTR model)
         self.minutes, self.start, self.step_wall_s = minutes, pd.Timestamp(start), step_wall_s
         self.peak_rate, self.step_time_s, self.batch, self.max_workers = peak_rate, step_time_s, batch, max_workers
         self.airflow_home = self.out / "airflow"
@@ -71,13 +74,14 @@ class Demo:
         (self.kale_home / "kale.yaml").write_text(yaml.safe_dump({
             "min_workers": 1, "max_workers": self.max_workers, "partitions": 16, "poll_interval_s": 2,
             "bin_s": 30, "slo_s": SLO_S, "rescale_downtime_s": 30, "worker_batch_size": self.batch,
-            "worker_step_time_s": self.step_time_s,
+            "worker_step_time_s": self.step_time_s, **self.model,
             # Demo-sized windows: minutes of wall time stand for hours of trace time.
             "kale": {"horizon_s": 2 * LOOKAHEAD_S, "persist_s": 4, "wait_cost": 1.0},
         }))
-        self.say(f"each generation is one torch.distributed job (gloo, one process per rank); EMULATION: each "
-                 f"rank sleeps to a GPU step of {self.step_time_s:g} s per {self.batch} samples "
-                 f"(about {per_worker:,.0f} samples/s per rank)")
+        self.say(f"each generation is one torch.distributed job (gloo, one process per rank); the ranks stay warm "
+                 f"across generations (a scale-up starts only the added ranks, which get the model from a surviving "
+                 f"rank's memory); EMULATION: each rank sleeps to a GPU step of {self.step_time_s:g} s per "
+                 f"{self.batch} samples (about {per_worker:,.0f} samples/s per rank)")
 
     def dag(self, dag_id: str, conf: dict | None = None) -> str:
         proc = subprocess.run([sys.executable, "-c", RUN_DAG, str(DAGS), dag_id, json.dumps(conf or {})],
@@ -99,7 +103,7 @@ class Demo:
         only starts after the models are registered."""
         from kale_airflow.config import Config, load_deployment
         from kale_airflow.pipelines.profile import ProfileOptions, profile_job
-        from kale_airflow.runtime.samples import generate, pack
+        from kale_airflow.runtime.producer import load_payloads
         from kale_airflow.stream.embedded import EmbeddedStream
 
         os.environ["KALE_HOME"] = self.env["KALE_HOME"]
@@ -107,7 +111,7 @@ class Demo:
         s = EmbeddedStream(path, partitions=6)
         for p in range(6):
             for chunk in range(20):
-                s.append(p, pack(generate(1000, 100 * p + chunk)))
+                s.append(p, load_payloads(self.model.get("producer"))(1000, 100 * p + chunk))
         options = ProfileOptions(workers=(1, 2, 3), seconds_per_size=10, report_every_s=2,
                                  stream_url=f"sqlite:///{path}")
         results = profile_job(Config(self.paths, load_deployment(self.paths)), options, say=self.say)
@@ -117,7 +121,7 @@ class Demo:
     # ---------------------------------------------------------------- traffic
     def produce(self) -> None:
         from kale_airflow.core.traffic import BUNDLED_TRACE, load_trace
-        from kale_airflow.runtime.producer import Producer
+        from kale_airflow.runtime.producer import Producer, load_payloads
         from kale_airflow.stream.embedded import EmbeddedStream
 
         trace = load_trace(BUNDLED_TRACE)
@@ -128,7 +132,7 @@ class Demo:
         self.trace_window = trace.series.iloc[start:start + steps]
         stream = EmbeddedStream(self.kale_home / "stream.db", partitions=16)
         producer = Producer(stream, trace, compression=trace.step_s / self.step_wall_s, scale=scale, skew=0.8,
-                            start_step=start)
+                            start_step=start, payloads=load_payloads(self.model.get("producer")))
         self.say(f"producer: {self.trace_window.index[0]} .. {self.trace_window.index[-1]} of the NYC taxi trace, "
                  f"one 30-min step every {self.step_wall_s:g} s, peak {self.peak_rate:,.0f} samples/s, "
                  f"16 partitions with Zipf(0.8) rates")
@@ -257,10 +261,36 @@ def airflow_ui_command(airflow_home: Path, kale_home: Path, bin_dir: Path | None
     return " ".join(words + [shlex.quote(str(bin_dir / "airflow")), "standalone"])
 
 
-def run_demo(out: str, minutes: float) -> int:
+def model_settings(config: str | None) -> dict:
+    """``trainer`` and ``producer`` of a ``kale.yaml`` (validated as a whole, and both loaded
+    here so a missing package fails now): the model the demo trains and the payloads it feeds
+    it. The rest of the demo's deployment is its own."""
+    if config is None:
+        return {}
+    from kale_airflow.config import ConfigError, parse_deployment
+    from kale_airflow.runtime.producer import load_payloads
+    from kale_airflow.runtime.trainer import load_trainer
+
+    path = Path(config)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: cannot read it ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must be a mapping of settings, got a {type(data).__name__}")
+    dep = parse_deployment({"stream_url": "sqlite:///unused", **data}, str(path))
+    if dep.trainer and not dep.producer:
+        raise ConfigError(f"{path} names a trainer but no producer: the demo would feed it click-through samples; "
+                          "set producer: module:function making its payloads")
+    load_trainer(dep.trainer)
+    load_payloads(dep.producer)
+    return {k: v for k in ("trainer", "producer") if (v := getattr(dep, k))}
+
+
+def run_demo(out: str, minutes: float, config: str | None = None) -> int:
     """Entry point of ``kale demo``."""
     demo = Demo(Path(out), minutes, start="2014-07-21 14:00", step_wall_s=20.0, peak_rate=1100.0,
-                step_time_s=0.4, batch=128, max_workers=6)
+                step_time_s=0.4, batch=128, max_workers=6, model=model_settings(config))
     summary = demo.run()
     sim = summary["simulator"]
     print("\n== demo summary")

@@ -13,6 +13,7 @@ from kale_airflow import __version__
 from kale_airflow.cli.db import add_db
 from kale_airflow.cli.ops import add_ops
 from kale_airflow.cli.profile import add_profile
+from kale_airflow.cli.promote import add_promote
 from kale_airflow.core.errors import KaleError
 from kale_airflow.core.forecast import forecaster_names
 from kale_airflow.core.simulator import ALL_POLICIES, CANDIDATES, VARIANTS, SimConfig, simulate
@@ -35,6 +36,8 @@ def _policies(text: str) -> tuple[str, ...]:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Run the evaluation protocol and report."""
+    if args.fleet:
+        return _simulate_fleet(args)
     trace = load_trace(args.trace, repair=args.repair)
     for note in trace.report.notes:
         log.warning("trace %s: %s", trace.name, note)
@@ -59,6 +62,33 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from kale_airflow.reporting.plots import plot_simulation
 
         print(f"wrote {plot_simulation(result, args.plot)}")
+    return 0
+
+
+def _simulate_fleet(args: argparse.Namespace) -> int:
+    """``kale simulate --fleet FLEET.yaml``: the fleet's jobs on one GPU budget, every fleet
+    policy side by side (trace paths are relative to the fleet file; ``--days`` overrides
+    the file's ``days``)."""
+    from dataclasses import replace
+
+    import yaml
+
+    from kale_airflow.core.fleet_sim import FLEET_POLICIES, FleetSpec, fleet_table, simulate_fleet
+
+    path = Path(args.fleet)
+    if not path.is_file():
+        raise ValueError(f"fleet file {path} does not exist")
+    spec = FleetSpec.from_dict(yaml.safe_load(path.read_text()))
+    if args.days is not None:
+        spec = replace(spec, days=args.days)
+    traces = {j.name: load_trace(path.parent / j.trace, repair=args.repair, name=j.name) for j in spec.jobs}
+    policies = tuple(p.strip() for p in (args.fleet_policies or ",".join(FLEET_POLICIES)).split(",") if p.strip())
+    result = simulate_fleet(spec, traces, policies, jobs=args.jobs, progress=not args.no_progress)
+    doc = result.to_dict()
+    print(f"fleet {path.name}: {len(spec.jobs)} jobs on {spec.gpus} GPUs, {doc['evaluation']['days']:.1f} days "
+          f"aligned by tick from each job's evaluation start, tick {spec.tick_s:g}s ({result.wall_s:.1f}s wall)")
+    print(fleet_table(doc))
+    write_json(args.json, doc)
     return 0
 
 
@@ -157,7 +187,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """The whole loop on the embedded default."""
     from kale_airflow.cli.demo import run_demo
 
-    return run_demo(args.out, args.minutes)
+    return run_demo(args.out, args.minutes, args.config)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -169,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log decisions and repairs")
     parser.add_argument("--version", action="version", version=f"kale-airflow {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_simulate, _add_forecast, _add_rebalance, _add_demo, add_ops, add_profile, add_db):
+    for add in (_add_simulate, _add_forecast, _add_rebalance, _add_demo, add_ops, add_profile, add_db, add_promote):
         add(sub)
     return parser
 
@@ -218,6 +248,14 @@ def _add_simulate(sub) -> None:
     sim.add_argument("--shard-partitions", type=int, default=128, help="number of partitions with --shard-skew")
     sim.add_argument("--shard-assignment", choices=["rebalance", "round_robin"], default="rebalance",
                      help="how partitions reach workers with --shard-skew")
+    sim.add_argument("--fleet", metavar="FLEET.yaml",
+                     help="replay several jobs at once on one GPU budget instead of one trace: a YAML file with "
+                          "'gpus' and 'jobs' (name, trace, priority, min_workers, max_workers, slo_s, cluster, "
+                          "schedule_overrides, pins); compares the fleet arbiter with per-job Kale and HPA first come "
+                          "first served, a static split and the offline references (docs/simulation.md)")
+    sim.add_argument("--fleet-policies", metavar="LIST",
+                     help="with --fleet: a comma-separated subset of fleet-kale,kale-fcfs,hpa-fcfs,static-split,"
+                          "kale-alone (default: all)")
     sim.add_argument("--json", metavar="OUT", help="write the full results as JSON")
     sim.add_argument("--plot", metavar="OUT.png",
                      help="write one panel per policy (capacity vs traffic, workers, freshness lag), a zoomed "
@@ -296,6 +334,8 @@ def _add_demo(sub) -> None:
     )
     demo.add_argument("--out", default="out/demo", help="folder for Airflow, MLflow, stream and results")
     demo.add_argument("--minutes", type=float, default=8.0, help="how long traffic is replayed")
+    demo.add_argument("--config", metavar="KALE_YAML", help="train this kale.yaml's trainer on its producer's payloads "
+                      "(the rest of the demo's deployment is its own; default: the reference CTR model)")
     demo.set_defaults(func=cmd_demo)
 
 

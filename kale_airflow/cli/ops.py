@@ -1,10 +1,11 @@
 """Operations commands: ``kale status``, ``kale config validate``, ``kale decide --dry-run``.
 
 They read the same environment as the Airflow tasks (``KALE_HOME``, ``KALE_CONFIG``,
-``KALE_DATABASE_URL``, ``KALE_MLFLOW_URI`` or ``KALE_MLFLOW_CONN_ID``) and never change
-anything: ``status`` reads the control plane and MLflow, ``config validate`` parses the
-deployment file, ``decide --dry-run`` makes one observation and decision without
-recording or applying it.
+``KALE_DATABASE_URL``, ``KALE_MLFLOW_URI`` or ``KALE_MLFLOW_CONN_ID``) and never change or
+create anything: ``status`` reads the control plane and MLflow, ``config validate`` parses
+the deployment file and checks its URLs as the components do, ``decide --dry-run`` makes
+one observation and decision without recording or applying it. A store that does not
+exist yet is reported, with how it gets created, and never opened (:mod:`.readonly`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ STATUS_DECISIONS = 5
 
 # ------------------------------------------------------------------ validate
 def cmd_config_validate(args: argparse.Namespace) -> int:
-    """Exit 0 with a one-line summary, or raise ConfigError (exit 2) naming file, field, expected type."""
+    """Exit 0 with a one-line summary, or raise ConfigError (exit 2) naming file, field, expected type;
+    the URLs are checked as the components check them when they open them (:func:`url_problems`)."""
     from kale_airflow.config import ConfigError, load_deployment, settings
 
     env = settings()
@@ -31,26 +33,63 @@ def cmd_config_validate(args: argparse.Namespace) -> int:
         env = dataclasses.replace(env, config_file=path)
     else:
         path = env.config_file or env.home / "kale.yaml"
-        if not path.exists() and env.config_file is None:
-            print(f"no deployment file at {path}: the embedded defaults apply (valid)")
-            return 0
+    defaults = not path.exists() and env.config_file is None
     dep = load_deployment(env)
+    problems = url_problems(env, dep)
     if dep.alerts.notifier:
         from kale_airflow.control.alerts import Alerter
 
         try:
             Alerter(dep.alerts).notifier()
         except Exception as exc:  # noqa: BLE001 - import error or bad notifier_kwargs: a config error here
-            raise ConfigError(f"{path}: invalid configuration:\n  alerts.notifier: {exc}") from None
+            problems["file"].append(f"alerts.notifier: {exc}")
+    blocks = [f"{where}: invalid configuration:\n  " + "\n  ".join(lines)
+              for where, lines in ((path, problems["file"]), ("environment", problems["environment"])) if lines]
+    if blocks:
+        raise ConfigError("\n".join(blocks))
+    if defaults:
+        print(f"no deployment file at {path}: the embedded defaults apply (valid)")
+        return 0
     print(f"{path}: valid ({dep.worker_backend} workers {dep.min_workers}-{dep.max_workers}, stream "
           f"{dep.stream_url.split('://')[0]}, SLO {dep.slo_s:g} s, poll {dep.poll_interval_s:g} s, "
           f"shadow {'on' if dep.shadow else 'off'}, alerts {dep.alerts.notifier or 'log only'})")
     return 0
 
 
+def url_problems(env, dep) -> dict[str, list[str]]:
+    """``{"file": [...], "environment": [...]}``: ``setting: message`` for each URL a component
+    would refuse when it opens it, from the very checks those components run (the stream's,
+    the control-plane database's, the MLflow registry's), without connecting or creating
+    anything."""
+    from kale_airflow.core.errors import KaleError
+    from kale_airflow.registry.connection import CONN_PREFIX
+    from kale_airflow.registry.mlflow_registry import check_tracking_uri
+    from kale_airflow.store.database import auto_upgrade, masked, normalize_url
+    from kale_airflow.stream import check_stream_url
+
+    mlflow_setting = "KALE_MLFLOW_CONN_ID" if env.mlflow_uri.startswith(CONN_PREFIX) else "KALE_MLFLOW_URI"
+    checks = (("file", "stream_url", lambda: check_stream_url(dep.stream_url)),
+              ("environment", "KALE_DATABASE_URL", lambda: normalize_url(env.database_url)),
+              ("environment", "KALE_DB_AUTO_UPGRADE", lambda: auto_upgrade("postgresql")),
+              ("environment", mlflow_setting, lambda: check_tracking_uri(env.mlflow_uri)))
+    out: dict[str, list[str]] = {"file": [], "environment": []}
+    for where, setting, check in checks:
+        try:
+            check()
+        except (KaleError, ValueError) as exc:  # ValueError: SQLAlchemy's own, e.g. for a port that is no number
+            out[where].append(f"{setting}: {masked(exc)}")  # a URL that cannot be parsed is quoted whole
+    return out
+
+
 # -------------------------------------------------------------------- status
 def _champions(uri: str) -> list[dict] | str:
-    """Champion and challenger versions of both models, or why MLflow could not be asked."""
+    """Champion and challenger versions of both models, or why MLflow could not be asked (a
+    SQLite store that does not exist is not asked: asking would create it)."""
+    from kale_airflow.cli.readonly import mlflow_problem
+
+    problem = mlflow_problem(uri)
+    if problem:
+        return problem
     try:
         from kale_airflow.registry.mlflow_registry import (
             CHALLENGER,
@@ -77,15 +116,19 @@ def _champions(uri: str) -> list[dict] | str:
 
 
 def status(now: float | None = None, decisions: int = STATUS_DECISIONS, models: bool = True) -> dict:
-    """Everything ``kale status`` prints, as a dict, with every credential in it masked."""
+    """Everything ``kale status`` prints, as a dict, with every credential in it masked.
+
+    Creates nothing: a control-plane database or MLflow store that does not exist (or is not
+    at this kale-airflow's schema) is reported in ``control_plane_error`` / ``models``, with
+    how it gets created, instead of being opened."""
+    from kale_airflow.cli.readonly import control_plane_problem
     from kale_airflow.config import ConfigError, load_config, settings
-    from kale_airflow.control.shadow import SHADOW_WINDOW, compare
-    from kale_airflow.store import StateStore
     from kale_airflow.store.database import masked_values
 
     now = time.time() if now is None else now
     env = settings()
-    doc: dict = {"kale_home": str(env.home), "config": None, "config_error": None}
+    doc: dict = {"kale_home": str(env.home), "kale_home_exists": env.home.is_dir(), "config": None,
+                 "config_error": None, "control_plane_error": None}
     dep = None
     try:
         dep = load_config().deployment
@@ -93,12 +136,26 @@ def status(now: float | None = None, decisions: int = STATUS_DECISIONS, models: 
                          "max_workers": dep.max_workers, "shadow": dep.shadow, "slo_s": dep.slo_s}
     except ConfigError as exc:
         doc["config_error"] = str(exc)
+    doc["control_plane_error"] = control_plane_problem(env.database_url)
+    if doc["control_plane_error"]:
+        doc |= {"generation": None, "workers": None, "rescale": None, "decisions": [], "shadow": None}
+    else:
+        doc |= _control_plane(env.database_url, dep, now, decisions)
+    doc["models"] = _champions(env.mlflow_uri) if models else "not asked"
+    return masked_values(doc)  # recorded messages come from other processes and versions: mask them here too
+
+
+def _control_plane(url: str, dep, now: float, decisions: int) -> dict:
+    """Generation, workers, recent decisions and the shadow comparison, from a database at head."""
+    from kale_airflow.control.shadow import SHADOW_WINDOW, compare
+    from kale_airflow.store import StateStore
+
     poll = dep.poll_interval_s if dep else 15.0
     fresh_s = max(120.0, 4 * poll)
-    store = StateStore(env.database_url)
+    store = StateStore(url)
     cur = store.current()
-    doc["generation"] = cur and {"generation": cur["generation"], "workers": cur["workers"],
-                                 "rebalanced": cur["assignment"] is not None, "since": cur["created"]}
+    doc: dict = {"generation": cur and {"generation": cur["generation"], "workers": cur["workers"],
+                                        "rebalanced": cur["assignment"] is not None, "since": cur["created"]}}
     running = store.running_workers()
     fresh = [(g, w, r) for g, w, r in running if now - float(r.get("heartbeat", 0)) <= fresh_s]
     current_gen = cur["generation"] if cur else None
@@ -111,14 +168,48 @@ def status(now: float | None = None, decisions: int = STATUS_DECISIONS, models: 
         "heartbeat_fresh_s": fresh_s,
         "by_generation": {g: sorted(w for gg, w, _ in fresh if gg == g) for g in sorted({g for g, _, _ in fresh})},
     }
+    doc["rescale"] = _last_rescale(store, current_gen)
     recent = store.decisions(decisions)
     doc["decisions"] = [{"ts": d["ts"], "workers": d["workers"], "target": d["target"], "reason": d["reason"],
                          "message": d["message"], "applied": d.get("applied")} for d in recent]
     shadow = [d for d in store.decisions(SHADOW_WINDOW) if d.get("shadow")]
     doc["shadow"] = compare(shadow, dep.kubernetes.gpus_per_worker if dep and dep.worker_backend == "kubernetes"
                             else 1, poll, dep.slo_s if dep else None) if shadow else None
-    doc["models"] = _champions(env.mlflow_uri) if models else "not asked"
-    return masked_values(doc)  # recorded messages come from other processes and versions: mask them here too
+    return doc
+
+
+def _last_rescale(store, generation: str | None) -> dict | None:
+    """The current generation's rescale record (``warm`` or ``restart``, its pauses) and the
+    recent pauses with their kinds, as the workers recorded them."""
+    from kale_airflow.runtime.elastic import PAUSES_KEY, RESCALE_KEY, RESTART_KEY
+
+    last = store.get_value(RESCALE_KEY.format(generation=generation)) if generation else None
+    restart = store.get_value(RESTART_KEY.format(generation=generation)) if generation else None
+    pauses = store.get_value(PAUSES_KEY) or {}
+    if last is None and restart is None and not pauses:
+        return None
+    kinds = list(pauses.get("kinds", []))
+    kinds += [None] * (len(pauses.get("pauses", [])) - len(kinds))
+    return {"last": last, "restart_within": restart,
+            "recent": [{"pause_s": p, "kind": k} for p, k in zip(pauses.get("pauses", []), kinds)]}
+
+
+def _rescale_lines(r: dict | None) -> list[str]:
+    if not r:
+        return []
+    out = []
+    last = r["last"]
+    if last:
+        how = last["kind"] + (f" ({last['reason']})" if last.get("reason") else "")
+        out.append(f"last rescale: {last['from_world']} -> {last['to_world']} rank(s), {how}: first step "
+                   f"{last['pause_s']} s after the decision, {last['gap_s']} s after the last step")
+    if r["restart_within"]:
+        x = r["restart_within"]
+        out.append(f"restarted from the checkpoint within the generation ({x.get('reason')}): "
+                   f"{x.get('gap_s')} s without training")
+    if r["recent"]:
+        out.append("recent rescale pauses: " + ", ".join(f"{x['pause_s']:g} s {x['kind'] or '?'}" for x in r["recent"]))
+    return out
 
 
 def _when(ts: float | None) -> str:
@@ -126,13 +217,30 @@ def _when(ts: float | None) -> str:
 
 
 def format_status(doc: dict) -> str:
-    lines = [f"Kale home {doc['kale_home']}"]
+    """``kale status``'s text from :func:`status`'s dict."""
+    lines = [f"Kale home {doc['kale_home']}" + ("" if doc.get("kale_home_exists", True) else " (does not exist)")]
     cfg = doc["config"]
     if cfg:
         lines.append(f"config: {cfg['backend']} workers {cfg['min_workers']}-{cfg['max_workers']}, "
                      f"SLO {cfg['slo_s']:g} s, shadow {'ON (decide and record, never apply)' if cfg['shadow'] else 'off'}")
     else:
         lines.append(f"config: INVALID: {doc['config_error']}")
+    if doc.get("control_plane_error"):
+        lines.append(f"control plane: {doc['control_plane_error']}")
+    else:
+        _format_control_plane(doc, lines)
+    m = doc["models"]
+    if isinstance(m, str):
+        lines.append(f"models: {m}")
+    elif not m:
+        lines.append("models: none registered (run kale_forecaster_retrain; kale profile, then kale_throughput_refit)")
+    else:
+        lines.append("models: " + ", ".join(f"{x['model']}@{x['alias']}=v{x['version']}"
+                                            + (f" ({x['review']})" if x["review"] else "") for x in m))
+    return "\n".join(lines)
+
+
+def _format_control_plane(doc: dict, lines: list[str]) -> None:
     g = doc["generation"]
     lines.append("generation: none started" if not g else
                  f"generation: {g['generation']} with {g['workers']} worker(s) since {_when(g['since'])}"
@@ -141,6 +249,7 @@ def format_status(doc: dict) -> str:
     lines.append(f"workers: {w['running']} running (heartbeat within {w['heartbeat_fresh_s']:g} s), "
                  f"{w['running_in_generation']} of the current generation, {w['pending']} pending"
                  + (f", {w['stale_heartbeats']} stale heartbeat(s)" if w["stale_heartbeats"] else ""))
+    lines += _rescale_lines(doc.get("rescale"))
     lines.append("last decisions:" if doc["decisions"] else "last decisions: none recorded")
     for d in reversed(doc["decisions"]):
         applied = " [shadow, not applied]" if d["applied"] is False else ""
@@ -157,15 +266,6 @@ def format_status(doc: dict) -> str:
                          f"{side['worker_changes']} change(s)"
                          + (f", est. max freshness lag {lag:.0f} s" if lag is not None else "")
                          + (f", est. SLO violations {viol:.1%}" if viol is not None else ""))
-    m = doc["models"]
-    if isinstance(m, str):
-        lines.append(f"models: {m}")
-    elif not m:
-        lines.append("models: none registered (run kale_forecaster_retrain; kale profile, then kale_throughput_refit)")
-    else:
-        lines.append("models: " + ", ".join(f"{x['model']}@{x['alias']}=v{x['version']}"
-                                            + (f" ({x['review']})" if x["review"] else "") for x in m))
-    return "\n".join(lines)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -178,18 +278,44 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 # -------------------------------------------------------------------- decide
+def dry_run_autoscaler():
+    """The autoscaler of ``$KALE_HOME`` for one dry-run decision, and what it found missing.
+
+    It opens only what exists: without a control-plane database at this kale-airflow's schema
+    there is nothing to decide on (:class:`~.readonly.MissingState`); a missing embedded stream
+    or MLflow store stands in as unavailable (the decision holds and says why) instead of
+    being created. Its registry never tags a version (no manual-approval bookkeeping)."""
+    from kale_airflow.cli.readonly import Missing, MissingState, control_plane_problem, mlflow_problem, stream_problem
+    from kale_airflow.config import load_config
+    from kale_airflow.control.autoscaler import Autoscaler, MlflowChampions
+    from kale_airflow.control.promotions import AnnouncedChampions
+    from kale_airflow.store import StateStore
+    from kale_airflow.stream import StreamError
+
+    cfg = load_config()
+    problem = control_plane_problem(cfg.settings.database_url)
+    if problem:
+        raise MissingState(f"nothing to decide on: {problem}. Nothing was created.")
+    store = StateStore(cfg.settings.database_url)
+    no_stream, no_mlflow = stream_problem(cfg.deployment.stream_url), mlflow_problem(cfg.settings.mlflow_uri)
+    source = Missing(LookupError(no_mlflow)) if no_mlflow else MlflowChampions(cfg.settings.mlflow_uri)
+    auto = Autoscaler(cfg, stream=Missing(StreamError(no_stream)) if no_stream else None, store=store,
+                      registry=AnnouncedChampions(source, store))
+    return auto, [m for m in (no_stream, no_mlflow) if m]
+
+
 def cmd_decide(args: argparse.Namespace) -> int:
-    """One observation and decision; nothing recorded, nothing applied."""
-    from kale_airflow.control.autoscaler import Autoscaler
+    """One observation and decision; nothing recorded, nothing applied, nothing created."""
     from kale_airflow.store.database import masked_values
 
-    auto = Autoscaler.from_environment()
+    auto, missing = dry_run_autoscaler()
     decision, obs = auto.poke(record=False)
     doc = {"dry_run": True, "shadow": auto.shadow, "workers_source": auto.workers_source,
            "observation": {"workers": obs.workers, "arrival_rate": obs.arrival_rate, "backlog": obs.backlog,
                            "freshness_lag_s": obs.freshness_lag_s, "throughput": obs.throughput,
                            "rescaling": obs.rescaling},
-           "decision": decision.to_dict(), "models": auto.versions, "model_error": auto.model_error}
+           "decision": decision.to_dict(), "models": auto.versions, "model_error": auto.model_error,
+           "missing": missing}
     doc = masked_values(doc)
     if args.json:
         print(json.dumps(doc, indent=2, default=str))
@@ -198,6 +324,8 @@ def cmd_decide(args: argparse.Namespace) -> int:
     def num(v, fmt="{:,.1f}"):
         return "unknown" if v is None else fmt.format(v)
 
+    for note in doc["missing"]:
+        print(f"missing: {note}")
     print(f"observed: {obs.workers} worker(s) ({auto.workers_source}), arrivals {num(obs.arrival_rate)} samples/s, "
           f"backlog {num(obs.backlog, '{:,.0f}')}, freshness lag {num(obs.freshness_lag_s)} s")
     if doc["model_error"]:

@@ -48,6 +48,7 @@ STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
 # The environment variables the Kafka stream reads its credentials from (kale_airflow.stream.kafka).
 KafkaSecretEnv = Literal["KALE_KAFKA_CONFIG", "KALE_KAFKA_SASL_USERNAME", "KALE_KAFKA_SASL_PASSWORD"]
 SecretKey = Annotated[str, StringConstraints(pattern=r"^[-._a-zA-Z0-9]{1,253}$")]
+_DNS_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 
 
 class ConfigError(KaleError, ValueError):
@@ -61,6 +62,17 @@ class KubernetesWorkerConfig(BaseModel):
 
     image: str = Field("ghcr.io/kale-airflow/worker:0.1.0",
                        description="Container image of the worker pods (it must ship kale-airflow with the worker extra).")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="Pull policy of the worker image (the Helm chart sets it from "
+                                    "`images.worker.pullPolicy`).")
+    image_pull_secrets: list[Annotated[str, StringConstraints(pattern=_DNS_NAME)]] = Field(
+        default_factory=list, description="Secrets (type `kubernetes.io/dockerconfigjson`, in `namespace`) the "
+                                          "kubelet pulls the worker image with; the Helm chart sets them from "
+                                          "`images.worker.pullSecrets`.")
+    priority_class_name: str | None = Field(None, pattern=_DNS_NAME,
+                                            description="PriorityClass of the worker pods (null: the cluster's "
+                                                        "default); the Helm chart sets it from "
+                                                        "`workerPods.priorityClassName`.")
     namespace: str = Field("kale-training", description="Namespace the worker pods run in.")
     gpus_per_worker: int = Field(1, ge=0, description="`nvidia.com/gpu` limit of each worker pod (0: no GPU limit).")
     cpu_request: str = Field("4", description="CPU request of each worker pod.")
@@ -193,6 +205,26 @@ class Deployment(BaseModel):
         "auto", description="The workers' torch device: `auto` (CUDA when the worker sees a GPU, else CPU), `cpu`, "
                             "or `cuda` (a worker without a GPU fails at start, naming this setting).")
     worker_amp: bool = Field(False, description="bf16 mixed precision (`torch.autocast`) on CUDA; ignored on CPU.")
+    trainer: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$",
+                                description="The model the workers train: `module:attribute` of a "
+                                            "`kale_airflow.runtime.trainer.Trainer` (or a class or function making "
+                                            "one), importable in the worker's environment (the worker image on "
+                                            "Kubernetes); null: the reference click-through model.")
+    producer: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$",
+                                 description="What `kale demo` (and its profiling) writes into the embedded stream "
+                                             "for `trainer`: `module:attribute` of a function `(n, seed)` returning "
+                                             "`n` payloads (bytes) that the trainer decodes; null: the reference "
+                                             "model's synthetic click-through samples. The workers never use it.")
+    worker_warm_wait_s: float = Field(300.0, ge=0, description="Warm ranks: after a generation stops, each rank "
+                                                               "the next one keeps waits this long for it to be "
+                                                               "assigned and for its ranks to meet, then takes the "
+                                                               "model from a surviving rank's memory (a rescale in "
+                                                               "seconds; a scale-up starts only the added ranks, a "
+                                                               "scale-down stops only the removed ones). Past it, "
+                                                               "or after a crash, the generation restarts from the "
+                                                               "checkpoint. On Kubernetes it must cover an added "
+                                                               "pod's scheduling and start. 0: every generation is "
+                                                               "a new job.")
     handover_timeout_s: float = Field(180.0, gt=0, description="How long a new generation waits for the workers it "
                                                                "supersedes to checkpoint and stop (they notice within "
                                                                "a report interval; pods get their grace period) "

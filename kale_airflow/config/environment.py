@@ -38,6 +38,14 @@ Read where they are used (listed here so that one place names every variable):
 - ``KALE_WORKER_AMP``: a worker's default ``--amp`` (``1``, ``true`` or ``yes``: bf16 on CUDA);
 - ``KALE_WORKER_THREADS``: torch threads per worker process (local workers get their share
   of the cores);
+- ``KALE_WORKER_CORES``: the cores a local pool's ranks share (set by the pool: each rank
+  takes ``cores // world size`` threads in every generation, unless ``KALE_WORKER_THREADS``);
+- ``KALE_TRAINER``: a worker's default ``--trainer`` (``module:attribute`` of a Trainer; the
+  deployment's ``trainer``);
+- ``KALE_WARM_WAIT_S``: a worker's default ``--warm-wait`` (seconds a rank waits for the next
+  generation after its own stops; 0: one generation per process);
+- ``KALE_START_REASON``: why the local pool started a rank process (``start``, ``scale-up``,
+  ``restart after slot 1 ended with signal SIGKILL``, ...), recorded with a restart's pause;
 - ``KALE_RENDEZVOUS``: a worker's default ``--rendezvous`` (``HOST:PORT``, or
   ``control-plane:PORT`` to meet through the control-plane database);
 - ``KALE_ALLOW_FRESH_MODEL``: a worker's default ``--allow-fresh-model`` (``1``, ``true`` or

@@ -108,7 +108,7 @@ def review_pending(result: dict, model: str, logger: logging.Logger | None = Non
         return False
     a.send("review_pending", f"{model} v{result.get('version')} waits for review",
            f"challenger {model} v{result.get('version')} was held: {result.get('reason')}. Review it in the "
-           "MLflow UI and move the 'champion' alias to promote it.")
+           "MLflow UI (its description holds the comparison).")
     return True
 
 

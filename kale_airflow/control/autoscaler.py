@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from kale_airflow.config import Config, load_config
-from kale_airflow.control.promotions import AnnouncedChampions
+from kale_airflow.control.promotions import AnnouncedChampions, ManualApprovals
 from kale_airflow.core.policies import Decision, KalePolicy, Observation, Reason, build_kale
 from kale_airflow.core.policies.kale import planned_downtime
 from kale_airflow.core.slices import slices_for
@@ -59,7 +59,9 @@ class Autoscaler:
         self.metrics = metrics if metrics is not None else open_metrics(self.settings.metrics_source,
                                                                         self.settings.database_url)
         self.state = store or StateStore(self.settings.database_url)
-        self.registry = registry or AnnouncedChampions(MlflowChampions(self.settings.mlflow_uri), self.state)
+        # A champion moved by hand in the MLflow UI is tagged approved-manually at the next answer.
+        self.registry = registry or AnnouncedChampions(MlflowChampions(self.settings.mlflow_uri), self.state,
+                                                       on_answer=ManualApprovals(self.settings.mlflow_uri))
         self.list_pods = pods or self._list_worker_pods
         self.policy: KalePolicy | None = None
         self.versions: tuple[str, str] | None = None
@@ -217,19 +219,8 @@ class Autoscaler:
             kcfg.namespace, label_selector=WORKER_SELECTOR).items
 
     def _backlog(self, assignment: dict, now: float) -> tuple[float, float]:
-        ends = self.stream.end_offsets()
-        backlog, oldest = 0.0, now
-        for w in assignment:
-            for sl in slices_for({"assignment": assignment}, int(w)):
-                group = f"{self.dep.group}/{sl.group_suffix}"
-                pos = self.stream.committed(group, sl.partition)
-                pending = ends.get(sl.partition, 0) - pos
-                if pending > 0:
-                    backlog += pending * (sl.hi - sl.lo)
-                    rec = self.stream.read(sl.partition, pos, 1)
-                    if rec:
-                        oldest = min(oldest, rec[0].ts)
-        return backlog, max(0.0, now - oldest)
+        """(backlog in samples, age in s of the oldest unprocessed sample): :func:`stream_backlog`."""
+        return stream_backlog(self.stream, self.dep.group, assignment, now)
 
     def record_traffic(self, now: float) -> int:
         """Write the stream's arrivals per completed ``bin_s`` bin to the traffic history the
@@ -315,6 +306,30 @@ class Autoscaler:
                 self._alerter.send("slo_risk", "Kale: freshness SLO at risk", message)
         except Exception as exc:  # noqa: BLE001 - alerting must never stop the autoscaler
             log.error("SLO-risk alert check failed: %s", exc)
+
+
+def stream_backlog(stream, group: str, assignment: dict, now: float) -> tuple[float, float]:
+    """(backlog, oldest age) of a job's slices: the samples between each slice's committed
+    position and its partition's end, weighted by the slice's width, and ``now`` minus the
+    append time of the oldest record at a position with samples pending (0 when none is).
+
+    Three stream calls whatever the number of slices (end offsets, the slices' commits in one
+    ``committed_many``, the pending positions' records in one ``timestamps_at``): on Kafka a
+    constant number of broker requests per poke, not two per slice."""
+    ends = stream.end_offsets()
+    slices = [(f"{group}/{sl.group_suffix}", sl) for w in assignment
+              for sl in slices_for({"assignment": assignment}, int(w))]
+    positions = stream.committed_many([(key, sl.partition) for key, sl in slices])
+    backlog, pending = 0.0, []
+    for key, sl in slices:  # the order of the per-slice sum is the assignment's, as before
+        pos = positions[(key, sl.partition)]
+        ahead = ends.get(sl.partition, 0) - pos
+        if ahead > 0:
+            backlog += ahead * (sl.hi - sl.lo)
+            pending.append((sl.partition, pos))
+    times = stream.timestamps_at(pending) if pending else {}
+    oldest = min([now, *(t for t in times.values() if t is not None)])
+    return backlog, max(0.0, now - oldest)
 
 
 class ChampionSource(Protocol):

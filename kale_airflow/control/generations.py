@@ -62,6 +62,18 @@ def handover(stream, group: str, previous: dict | None, assignment: dict) -> dic
     return out
 
 
+def slots_to_start(workers: int, seen: dict[int, dict], now: float, stale_s: float = STALE_HEARTBEAT_S) -> list[int]:
+    """The slots of a ``workers``-rank generation that need a new pod: every slot except those
+    whose rank process waits warm for it (its last heartbeat in the previous generation is a
+    fresh ``warm``: it re-joins in place). ``seen``: the previous generation's heartbeats
+    (:meth:`~kale_airflow.store.StateStore.workers_seen`)."""
+    def warm(slot: int) -> bool:
+        rec = seen.get(slot)
+        return rec is not None and rec.get("state") == "warm" and now - float(rec.get("heartbeat", 0)) < stale_s
+
+    return [s for s in range(workers) if not warm(s)]
+
+
 class GenerationError(KaleError, ValueError):
     """A generation cannot be (re)assigned or started as asked; the message says what to do."""
 
@@ -183,11 +195,12 @@ class Generations:
             doc = self.store.get(name, generation)
         return _summary(generation, doc, reused=False)
 
-    def await_stopped(self, generation: str, poll_s: float = 0.5) -> None:
+    def await_stopped(self, generation: str, poll_s: float = 0.1) -> None:
         """Wait until every worker of ``generation`` that ever ran has stopped (or is dead:
         no heartbeat for ``STALE_HEARTBEAT_S``); raise after ``handover_timeout_s``, so the
         task fails and retries rather than start workers on slices that are still trained."""
         deadline = time.monotonic() + self.config.deployment.handover_timeout_s
+        said = None
         while True:
             now = time.time()
             running = sorted(w for w, rec in self.store.workers_seen(generation).items()
@@ -199,7 +212,9 @@ class Generations:
                     f"worker(s) {running} of generation {generation} are still training after "
                     f"{self.config.deployment.handover_timeout_s:g} s; they stop when they see the new generation "
                     "(check their logs, or raise handover_timeout_s)")
-            self.log.info("waiting for worker(s) %s of generation %s to checkpoint and stop", running, generation)  # pragma: no mutate
+            if running != said:  # polled often (a warm rescale waits on it), said once per change
+                self.log.info("waiting for worker(s) %s of generation %s to checkpoint and stop", running, generation)  # pragma: no mutate
+                said = running
             time.sleep(poll_s)
 
     def assignment(self, generation: str, name: str = ASSIGNMENT) -> dict:
@@ -211,38 +226,63 @@ class Generations:
 
     # ------------------------------------------------------------------ workers
     def start_local(self, generation: str, run_id: str | None = None) -> list[int]:  # pragma: no mutate block
-        """Start the generation's distributed job (one local process per rank, 127.0.0.1
-        rendezvous, one supervisor restarting every rank when one dies); returns the
-        supervisor's pid. ``run_id``: the training run, which claims the generation first."""
-        from kale_airflow.runtime.backends import LocalWorkers, WorkerSpec
+        """Start the generation's ranks on this machine; returns the supervisor's pid.
+        ``run_id``: the training run, which claims the generation first.
+
+        With warm ranks (``worker_warm_wait_s`` > 0) the deployment has one pool supervisor
+        (:class:`~kale_airflow.runtime.backends.LocalPool`): this starts it when none runs (the
+        first generation, or after it gave up), and otherwise only hands it the generation,
+        which it and its ranks read from the control plane (the current generation and its
+        assignment, both written before this runs). Without, the generation is a new job (one
+        process per rank, 127.0.0.1 rendezvous, one supervisor restarting every rank when one
+        dies)."""
+        from kale_airflow.runtime.backends import LocalPool, LocalWorkers
 
         self.claim(generation, run_id)
+        env = self.config.settings
+        doc = self.assignment(generation)  # refuses a generation that was not rebalanced
+        spec = self.worker_spec(str(env.checkpoints), env.database_url)
+        if spec.warm_wait_s > 0 and env.database_url:
+            pids = LocalPool(spec, env.worker_logs).ensure()
+            self.log.info("generation %s (%d workers) handed to the pool supervisor (pid %s) of %s",  # pragma: no mutate
+                          generation, len(doc["assignment"]), pids[0], env.worker_logs)  # pragma: no mutate
+            return pids
+        spec.warm_wait_s = 0.0
+        return LocalWorkers(spec, env.worker_logs).start(generation, doc)
 
-        env, dep = self.config.settings, self.config.deployment
+    def worker_spec(self, checkpoint_dir: str, database_url: str | None = None):  # pragma: no mutate block
+        """The :class:`~kale_airflow.runtime.backends.WorkerSpec` of this deployment's ranks."""
+        from kale_airflow.runtime.backends import WorkerSpec
+
+        dep = self.config.deployment
         step = ["--step-time", str(dep.worker_step_time_s)] if dep.worker_step_time_s else []
-        spec = WorkerSpec(dep.stream_url, str(env.checkpoints), dep.group, env.database_url, dep.worker_batch_size,
-                          step, device=dep.worker_device, amp=dep.worker_amp)
-        return LocalWorkers(spec, env.worker_logs).start(generation, self.assignment(generation))
+        return WorkerSpec(dep.stream_url, checkpoint_dir, dep.group, database_url, dep.worker_batch_size, step,
+                          device=dep.worker_device, amp=dep.worker_amp, trainer=dep.trainer,
+                          warm_wait_s=dep.worker_warm_wait_s)
 
     def pod_arguments(self, generation: str, run_id: str | None = None) -> list[list[str]]:  # pragma: no mutate block
-        """The rank command's arguments for each pod of the generation (the image runs ``python``).
+        """The rank command's arguments for each pod the generation needs started (the image
+        runs ``python``): with warm ranks only the slots no pod of the previous generation keeps
+        (:func:`slots_to_start`: a scale-up's added slots; none for a scale-down), else every slot.
 
-        The pods rendezvous through the control-plane database: rank 0 publishes its pod IP
+        The pods rendezvous through the control-plane database: slot 0 publishes its pod IP
         (``KALE_POD_IP``, from the downward API) and ``RENDEZVOUS_PORT``; the others read it.
         ``run_id``: the training run, which claims the generation first."""
-        from kale_airflow.runtime.backends import WorkerSpec
         from kale_airflow.runtime.kubernetes import CHECKPOINT_MOUNT, RENDEZVOUS
 
         self.claim(generation, run_id)
 
-        dep = self.config.deployment
         doc = self.assignment(generation)
-        step = ["--step-time", str(dep.worker_step_time_s)] if dep.worker_step_time_s else []
-        spec = WorkerSpec(dep.stream_url, CHECKPOINT_MOUNT, dep.group, batch_size=dep.worker_batch_size,
-                          extra_args=step, device=dep.worker_device, amp=dep.worker_amp)
+        spec = self.worker_spec(CHECKPOINT_MOUNT)
         n = len(doc["assignment"])
+        slots = list(range(n))
+        prev = self.store.latest(ASSIGNMENT, before=generation) if spec.warm_wait_s > 0 else None
+        if prev is not None:
+            slots = slots_to_start(n, self.store.workers_seen(prev[0]), time.time())
+            self.log.info("generation %s: %d pod(s) to start (slots %s); the pods of generation %s's other slots "  # pragma: no mutate
+                          "re-join in place", generation, len(slots), slots, prev[0])  # pragma: no mutate
         return [spec.command(generation, w, n, {"assignment": doc["assignment"]}, rendezvous=RENDEZVOUS)[1:]
-                for w in range(n)]
+                for w in slots]
 
     def _stream_rates(self, stream, window_s: float = 300.0) -> dict[str, float] | None:
         """Samples/s per partition over the last ``window_s``; None when the stream has no partitions."""

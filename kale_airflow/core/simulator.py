@@ -282,11 +282,25 @@ class _Replay:
 
     def decide(self, policy, k: int, now: float) -> None:
         """Ask the policy (it sees metrics of ticks < k only) and start any rescale it wants."""
-        obs = Observation(now, self.n, self.rate, self.backlog if k else 0.0, self.fresh if k else 0.0, self.util,
-                          self.tput, self.down_rem > 0)
+        obs = self.observation(k, now)
         s = time.perf_counter()
         d = policy.decide(obs)
         self.decide_ms.append((time.perf_counter() - s) * 1e3)
+        self.apply(d, now)
+
+    def observation(self, k: int, now: float) -> Observation:
+        """What a policy deciding at tick k sees: the metrics of ticks < k."""
+        return Observation(now, self.n, self.rate, self.backlog if k else 0.0, self.fresh if k else 0.0, self.util,
+                           self.tput, self.down_rem > 0)
+
+    @property
+    def gpus(self) -> int:
+        """GPUs held now: ``max(old, new)`` while a rescale pauses, the count otherwise."""
+        return self.held if self.down_rem > 0 else self.n
+
+    def apply(self, d, now: float) -> None:
+        """Count the decision's reason and start the rescale it asks for, if any (a change
+        during a pause restarts the pause)."""
         self.reasons[d.reason.value] += 1
         target = self.limits.clamp(d.workers)
         if target != self.n:

@@ -73,13 +73,7 @@ def train_and_backtest(settings: Settings, run_id: str, path: str, forecaster: s
     summary (``candidate.<name>.<score>`` metrics, logged to the run and written into the
     version's description by the review)."""
     from kale_airflow.forecasting.persist import save_forecaster
-    from kale_airflow.registry.mlflow_registry import (
-        CHAMPION,
-        FORECASTER_MODEL,
-        current_version,
-        load_version,
-        registry_client,
-    )
+    from kale_airflow.registry.pyfunc import EXAMPLE_ROWS
     from kale_airflow.reporting.plots import plot_backtest
 
     trace = load_trace(path, min_rows=2)
@@ -98,17 +92,12 @@ def train_and_backtest(settings: Settings, run_id: str, path: str, forecaster: s
     out = settings.run_dir(run_id)
     save_forecaster(model, out / "forecaster")
     plot_backtest(result, out / "backtest.png")
-    champion_metrics = None
-    champion_version = current_version(registry_client(settings.mlflow_uri), FORECASTER_MODEL, CHAMPION)
-    if champion_version:
-        champ = load_version(FORECASTER_MODEL, champion_version, settings.mlflow_uri).unwrap_python_model().forecaster
-        try:
-            champion_metrics = evaluate(series, champ, horizon, first_origin=cut, stride=horizon).metrics
-        except (ForecastError, ValueError) as exc:
-            log.warning("champion could not forecast this window (%s); it counts as losing", exc)
-            champion_metrics = {"mase": float("inf"), "error": str(exc)}
+    example = series.iloc[max(start, cut - EXAMPLE_ROWS):cut].rename("value")  # the end of the training window
+    example.to_csv(out / "example.csv", index_label="timestamp")
+    champion_metrics = _champion_metrics(settings, series, horizon, cut)
     summary = {
         "model_dir": str(out / "forecaster"),
+        "example_path": str(out / "example.csv"),
         "plot": str(out / "backtest.png"),
         "metrics": _flat(metrics),
         "champion_metrics": _flat(champion_metrics) if champion_metrics else None,
@@ -125,13 +114,38 @@ def train_and_backtest(settings: Settings, run_id: str, path: str, forecaster: s
     return summary
 
 
+def _champion_metrics(settings: Settings, series: pd.Series, horizon: int, cut: int) -> dict | None:
+    """The champion's backtest on the challenger's test window (None: no champion yet)."""
+    from kale_airflow.registry.mlflow_registry import (
+        CHAMPION,
+        FORECASTER_MODEL,
+        current_version,
+        load_version,
+        registry_client,
+    )
+
+    champion_version = current_version(registry_client(settings.mlflow_uri), FORECASTER_MODEL, CHAMPION)
+    if not champion_version:
+        return None
+    champ = load_version(FORECASTER_MODEL, champion_version, settings.mlflow_uri).unwrap_python_model().forecaster
+    try:
+        return evaluate(series, champ, horizon, first_origin=cut, stride=horizon).metrics
+    except (ForecastError, ValueError) as exc:
+        log.warning("champion could not forecast this window (%s); it counts as losing", exc)
+        return {"mase": float("inf"), "error": str(exc)}
+
+
 def register_forecaster(settings: Settings, run_id: str, summary: dict) -> dict:
     """Log the run (params, metrics, plot, window, data hash) and register a new version."""
     import mlflow
 
     from kale_airflow.registry.mlflow_registry import FORECASTER_MODEL, mlflow_at, register
-    from kale_airflow.registry.pyfunc import ForecasterModel, forecaster_signature
+    from kale_airflow.registry.pyfunc import forecaster_example, log_forecaster
 
+    example = None  # a summary from before input examples were logged has none
+    if summary.get("example_path"):
+        tail = pd.read_csv(summary["example_path"], index_col="timestamp", parse_dates=["timestamp"])["value"]
+        example = forecaster_example(tail, summary["horizon_steps"])
     with mlflow_at(settings.mlflow_uri, settings.artifacts.as_uri()) as client:
         with mlflow.start_run(run_name=f"forecaster-{run_id}") as run:
             mlflow.log_params({"forecaster": summary["forecaster"], "horizon_steps": summary["horizon_steps"],
@@ -142,11 +156,9 @@ def register_forecaster(settings: Settings, run_id: str, summary: dict) -> dict:
                               | {f"option.{k}": v for k, v in summary.get("options", {}).items()})
             mlflow.log_metrics({k: v for k, v in summary["metrics"].items() if isinstance(v, (int, float))})
             mlflow.log_artifact(summary["plot"])
-            mlflow.pyfunc.log_model(name="model", python_model=ForecasterModel(),
-                                    artifacts={"forecaster": summary["model_dir"]},
-                                    signature=forecaster_signature(summary["quantile_columns"],
-                                                                   summary["horizon_steps"]))
-        version = register(client, FORECASTER_MODEL, run.info.run_id, "model",
+            info = log_forecaster(summary["model_dir"], summary["quantile_columns"], summary["horizon_steps"],
+                                  example)
+        version = register(client, FORECASTER_MODEL, info.model_uri,
                            "Traffic forecaster for kale-airflow (samples per step; mean and quantiles).")
         if summary.get("selected"):
             client.set_model_version_tag(FORECASTER_MODEL, version, "kale.selected", summary["selected"])

@@ -170,7 +170,8 @@ class _SizeRun:
         extra = ["--profiling", "--report-every", f"{opt.report_every_s:g}"]
         extra += ["--step-time", str(dep.worker_step_time_s)] if dep.worker_step_time_s else []
         spec = WorkerSpec(self.url, str(checkpoints), f"{dep.group}-{generation}", env.database_url,
-                          dep.worker_batch_size, extra, device=dep.worker_device, amp=dep.worker_amp)
+                          dep.worker_batch_size, extra, device=dep.worker_device, amp=dep.worker_amp,
+                          trainer=dep.trainer)
         # Slices sized by the samples each partition holds, so every rank's share lasts as long.
         doc = assign({str(p): float(max(1, k)) for p, k in self.backlog.items()}, n).to_dict()
         workers = LocalWorkers(spec, env.worker_logs)

@@ -84,16 +84,17 @@ def register_throughput(settings: Settings, run_id: str, summary: dict) -> dict:
     import mlflow
 
     from kale_airflow.registry.mlflow_registry import THROUGHPUT_MODEL, mlflow_at, register
-    from kale_airflow.registry.pyfunc import ThroughputModelPyfunc, throughput_signature
+    from kale_airflow.registry.pyfunc import log_throughput, throughput_example
 
+    with open(summary["path"]) as fh:
+        example = throughput_example(ThroughputModel.from_dict(json.load(fh)).worker_counts)
     with mlflow_at(settings.mlflow_uri, settings.artifacts.as_uri()) as client:
         with mlflow.start_run(run_name=f"throughput-{run_id}") as run:
             mlflow.log_params({"data_hash": summary["data_hash"], "airflow_run_id": run_id})
             mlflow.log_metrics(summary["metrics"])
             mlflow.log_artifact(summary["path"])
-            mlflow.pyfunc.log_model(name="model", python_model=ThroughputModelPyfunc(),
-                                    artifacts={"throughput": summary["path"]}, signature=throughput_signature())
-        version = register(client, THROUGHPUT_MODEL, run.info.run_id, "model",
+            info = log_throughput(summary["path"], example)
+        version = register(client, THROUGHPUT_MODEL, info.model_uri,
                            "Resource-to-throughput model for kale-airflow (samples/s by GPU workers).")
     return {"run_id": run.info.run_id, "version": version}
 

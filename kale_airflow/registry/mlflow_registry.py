@@ -3,8 +3,10 @@
 A new version gets the alias ``challenger``. It is compared with ``champion`` on the same
 recent window; it becomes ``champion`` when auto-promotion is on and it wins (or there is
 no champion yet). Otherwise it is tagged ``kale.review = pending`` with the comparison in
-its description, and a reviewer promotes it in the MLflow UI by moving the ``champion``
-alias. Decisions are tagged on the version so the UI shows why.
+its description, and a reviewer promotes it with ``kale promote`` (:func:`promote`, which
+records who and when) or by moving the ``champion`` alias in the MLflow UI (recorded as
+``approved-manually`` when the autoscaler notices: :func:`record_manual_approval`).
+Decisions are tagged on the version so the UI shows why (:mod:`.approvals`).
 
 Two ways in:
 
@@ -26,10 +28,29 @@ import functools
 import logging
 import os
 import tempfile
+import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from kale_airflow.core.errors import KaleError
+from kale_airflow.registry.approvals import (
+    APPROVED,
+    APPROVED_MANUALLY,
+    AUTO_APPROVER,
+    MANUAL_APPROVER,
+    PENDING,
+    PROMOTED,
+    REVIEW_TAG,
+    SUPERSEDED_AT,
+    SUPERSEDED_BY,
+    Promotion,
+    approval_tags,
+    format_metric,
+    iso,
+    moved_by_hand,
+    superseded_tags,
+)
 from kale_airflow.store.database import masked
 
 log = logging.getLogger(__name__)
@@ -41,6 +62,9 @@ EXPERIMENT = "kale"
 PROBE_TIMEOUT_S = 5.0
 
 NOTHING_CHANGED = "No model or alias was changed."
+# A model logged from code is built by running its file, which hands the model over through one
+# module-level variable of MLflow's (set_model): two threads loading at once could swap models.
+_LOAD_LOCK = threading.Lock()
 
 
 class RegistryUnavailable(KaleError, RuntimeError):
@@ -51,6 +75,15 @@ class RegistryUnavailable(KaleError, RuntimeError):
 
     def __init__(self, message: str):
         super().__init__(masked(message))
+
+
+class TrackingUriError(RegistryUnavailable):
+    """The tracking URI is one the registry cannot open (a scheme MLflow has no store for, or
+    its deprecated file store); nothing was asked or created."""
+
+
+class UnknownModelVersion(KaleError, LookupError):
+    """The registered model or the version named does not exist; the message lists what does."""
 
 
 def is_absent(exc: BaseException) -> bool:
@@ -104,6 +137,40 @@ def check_reachable(uri: str) -> None:  # pragma: no mutate block
         ) from exc
 
 
+def check_tracking_uri(uri: str) -> None:
+    """Refuse a tracking URI that opening the registry would refuse, without connecting or
+    creating anything (``kale config validate`` runs this too, so both say the same).
+
+    MLflow's own store lookup decides which schemes work (``http(s)``, ``sqlite`` and the other
+    databases, ``databricks``...); a plain path or ``file:`` URI is MLflow 3's file store,
+    which it refuses unless ``MLFLOW_ALLOW_FILE_STORE=true``. An ``airflow-connection:``
+    reference passes: the URI it stands for is checked when the connection is read."""
+    from kale_airflow.registry.connection import CONN_PREFIX
+
+    if uri.startswith(CONN_PREFIX):
+        return
+    if not uri.strip():
+        raise TrackingUriError("the MLflow tracking URI is empty: set KALE_MLFLOW_URI (http(s)://HOST:PORT or "
+                               f"sqlite:///PATH) or KALE_MLFLOW_CONN_ID. {NOTHING_CHANGED}")
+    from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking._model_registry.utils import _get_store_registry
+    from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+    from mlflow.utils.uri import get_uri_scheme
+
+    try:
+        for stores in (_tracking_store_registry, _get_store_registry()):
+            stores.get_store_builder(uri)
+    except MlflowException as exc:
+        raise TrackingUriError(f"MLflow cannot open the tracking URI {uri} ({exc.message.strip()}); fix "
+                               f"KALE_MLFLOW_URI. {NOTHING_CHANGED}") from None
+    named = uri in ("databricks", "databricks-uc", "uc")  # names, not paths, to MLflow
+    if not named and get_uri_scheme(uri) in ("", "file") and not MLFLOW_ALLOW_FILE_STORE.get():
+        raise TrackingUriError(f"the tracking URI {uri} is a folder, MLflow's file store, which MLflow 3 refuses "
+                               "(unless MLFLOW_ALLOW_FILE_STORE=true): use sqlite:///PATH or an MLflow server's "
+                               f"http(s):// URL in KALE_MLFLOW_URI. {NOTHING_CHANGED}")
+
+
 def _resolve(uri: str) -> str:  # pragma: no mutate block
     """A ``kale_mlflow`` connection reference becomes its tracking URI (others pass through)."""
     from kale_airflow.registry.connection import CONN_PREFIX, resolve_uri
@@ -129,6 +196,7 @@ def registry_client(uri: str):  # pragma: no mutate block
     check. Uses no MLflow global, so it is safe from any thread. ``uri`` may name a
     ``kale_mlflow`` Airflow connection (``KALE_MLFLOW_CONN_ID``; see :mod:`.connection`)."""
     uri = _resolve(uri)
+    check_tracking_uri(uri)
     check_reachable(uri)
     try:
         return _client(uri)
@@ -221,8 +289,10 @@ def current_version(client, name: str, alias: str) -> str | None:
     return None if mv is None else str(mv.version)
 
 
-def register(client, name: str, run_id: str, artifact_path: str, description: str) -> str:
-    """Register the run's model as a new version with alias ``challenger`` (inside :func:`mlflow_at`)."""
+def register(client, name: str, model_uri: str, description: str) -> str:
+    """Register a logged model (``model_uri``: the ``models:/m-...`` URI that ``log_model``
+    returns, which MLflow 3 registers without a warning, unlike ``runs:/RUN/PATH``) as a new
+    version of ``name`` with alias ``challenger`` (inside :func:`mlflow_at`)."""
     import mlflow
 
     try:
@@ -231,14 +301,15 @@ def register(client, name: str, run_id: str, artifact_path: str, description: st
         if not is_absent(exc):
             raise _unavailable(_uri_of(client), f"the lookup of registered model {name}", exc) from exc
         client.create_registered_model(name, description=description)
-    mv = mlflow.register_model(f"runs:/{run_id}/{artifact_path}", name)
+    mv = mlflow.register_model(model_uri, name)
     client.set_registered_model_alias(name, CHALLENGER, mv.version)
     return str(mv.version)
 
 
 def review(client, name: str, version: str, challenger_score: float, champion_score: float | None,
-           metric: str, auto_promote: bool, comparison: dict) -> Review:
-    """Promote or hold the challenger (lower ``metric`` is better), tag and describe it.
+           metric: str, auto_promote: bool, comparison: dict, now: float | None = None) -> Review:
+    """Promote or hold the challenger (lower ``metric`` is better), tag and describe it (metrics
+    to 4 significant digits: :func:`~.approvals.format_metric`).
 
     A registry error while looking up the champion raises :class:`RegistryUnavailable`
     before anything is changed: an unknown champion is never taken for a missing one."""
@@ -248,20 +319,117 @@ def review(client, name: str, version: str, challenger_score: float, champion_sc
     else:
         wins = challenger_score < champion_score
         why = f"{metric} {challenger_score:.4g} vs champion v{champion} {champion_score:.4g}"
-    table = "\n".join(f"| {k} | {v} |" for k, v in comparison.items())
+    table = "\n".join(f"| {k} | {format_metric(v)} |" for k, v in comparison.items())
     text = f"Challenger v{version}: {why}.\n\n| metric | value |\n| --- | --- |\n{table}\n"
+    at = iso(time.time() if now is None else now)
     if wins and auto_promote:
-        client.set_registered_model_alias(name, CHAMPION, version)
-        client.set_model_version_tag(name, version, "kale.review", "promoted")
+        before = dict(model_version(client, name, version).tags or {})  # a retried task's tags, if any
+        _make_champion(client, name, version, approval_tags(PROMOTED, AUTO_APPROVER, at), before, champion, at)
         reason = f"promoted automatically: {why}"
     else:
-        client.set_model_version_tag(name, version, "kale.review", "pending")
+        client.set_model_version_tag(name, version, REVIEW_TAG, PENDING)
         reason = (f"held for review: {why}" + ("" if wins else " (the challenger does not win)")
-                  + "; move the 'champion' alias in the MLflow UI to promote it")
+                  + f"; promote it with `kale promote {name} {version}` (or move the 'champion' alias in the "
+                  "MLflow UI)")
     client.set_model_version_tag(name, version, "kale.challenger_wins", str(wins).lower())
     client.update_model_version(name, version, description=text + "\n" + reason)
     log.info("%s v%s: %s", name, version, reason)  # pragma: no mutate
     return Review(version, bool(wins and auto_promote), reason, champion, comparison)
+
+
+def _make_champion(client, name: str, version: str, tags: dict[str, str], before: dict[str, str],
+                   previous: str | None, at: str) -> None:
+    """Tag ``version`` approved, move ``champion`` to it, then mark ``previous`` superseded.
+
+    The approval is tagged before the alias moves, so that the autoscaler, looking between the
+    two calls, never takes the new champion for one moved by hand; a failed move puts the
+    version's tags back as they were (``before``)."""
+    try:
+        for key, value in tags.items():
+            client.set_model_version_tag(name, version, key, value)
+        client.set_registered_model_alias(name, CHAMPION, version)
+    except Exception as exc:
+        _restore_tags(client, name, version, before, tags)
+        raise _unavailable(_uri_of(client), f"the promotion of {name} v{version}", exc) from exc
+    try:
+        for key in (SUPERSEDED_BY, SUPERSEDED_AT):
+            if key in before:  # champion again: no longer superseded
+                client.delete_model_version_tag(name, version, key)
+        if previous and previous != version:
+            for key, value in superseded_tags(version, at).items():
+                client.set_model_version_tag(name, previous, key, value)
+    except Exception as exc:  # noqa: BLE001 - the promotion itself is done; only the superseded notes are off
+        log.warning("%s v%s is champion, but the superseded tags (of v%s and v%s) could not be updated: %s", name,
+                    version, version, previous, masked(exc))
+
+
+def _restore_tags(client, name: str, version: str, before: dict[str, str], written: dict[str, str]) -> None:
+    for key in written:
+        try:
+            if key in before:
+                client.set_model_version_tag(name, version, key, before[key])
+            else:
+                client.delete_model_version_tag(name, version, key)
+        except Exception as exc:  # noqa: BLE001 - best effort: the error that stopped the promotion is raised
+            log.warning("could not restore tag %s of %s v%s: %s", key, name, version, masked(exc))
+
+
+def model_version(client, name: str, version: str):
+    """The ``ModelVersion``; :class:`UnknownModelVersion` naming the versions that exist when the
+    model or the version does not, :class:`RegistryUnavailable` for any other registry error."""
+    uri = masked(_uri_of(client))
+    try:
+        return client.get_model_version(name, version)
+    except Exception as exc:
+        if not is_absent(exc) and getattr(exc, "error_code", None) != "INVALID_PARAMETER_VALUE":
+            raise _unavailable(_uri_of(client), f"the lookup of {name} v{version}", exc) from exc
+    try:
+        found = sorted((int(mv.version) for mv in client.search_model_versions(f"name = '{name}'")), reverse=True)
+    except Exception as exc:
+        raise _unavailable(_uri_of(client), f"the search for versions of {name}", exc) from exc
+    if not found:
+        raise UnknownModelVersion(f"MLflow at {uri} has no registered model {name}: its first version comes from the "
+                                  "retrain/refit DAG. Nothing was changed.")
+    raise UnknownModelVersion(f"{name} has no version {version!r} in MLflow at {uri}; its versions are "
+                              f"{', '.join(map(str, found[:20]))}{' ...' if len(found) > 20 else ''}. "
+                              "Nothing was changed.")
+
+
+def promote(client, name: str, version: str, by: str, now: float | None = None) -> Promotion:
+    """A reviewer's promotion: ``version`` becomes ``champion``, tagged ``kale.review=approved``
+    with ``kale.approved_by`` = ``by`` and ``kale.approved_at`` (ISO time); the champion it
+    replaces is tagged superseded. Promoting the champion again records the approval only.
+
+    Raises :class:`UnknownModelVersion` (nothing changed) or :class:`RegistryUnavailable`."""
+    mv = model_version(client, name, version)
+    version = str(mv.version)
+    previous = current_version(client, name, CHAMPION)
+    at = iso(time.time() if now is None else now)
+    _make_champion(client, name, version, approval_tags(APPROVED, by, at), dict(mv.tags or {}), previous, at)
+    log.info("%s v%s promoted by %s (champion before: %s)", name, version, by, previous)  # pragma: no mutate
+    return Promotion(name, version, previous, by, at)
+
+
+def record_manual_approval(client, name: str, version: str, previous: str | None, now: float) -> bool:
+    """Tag the champion ``version`` ``approved-manually`` when its tags show Kale did not approve
+    it (:func:`~.approvals.moved_by_hand`: someone moved the alias in the MLflow UI), and
+    ``previous`` (the champion seen before it, if known) superseded. Returns whether it tagged.
+
+    Nothing is tagged when ``version`` is no longer the champion: the next check sees the new one."""
+    mv = alias_version(client, name, CHAMPION)
+    if mv is None or str(mv.version) != str(version) or not moved_by_hand(mv.tags or {}):
+        return False
+    at = iso(now)
+    tags = dict(mv.tags or {})
+    for key, value in approval_tags(APPROVED_MANUALLY, MANUAL_APPROVER, at).items():
+        client.set_model_version_tag(name, version, key, value)
+    for key in (SUPERSEDED_BY, SUPERSEDED_AT):
+        if key in tags:
+            client.delete_model_version_tag(name, version, key)
+    if previous and previous != str(version):
+        for key, value in superseded_tags(version, at).items():
+            client.set_model_version_tag(name, previous, key, value)
+    return True
 
 
 def load_version(name: str, version: str, uri: str):  # pragma: no mutate block
@@ -277,7 +445,8 @@ def load_version(name: str, version: str, uri: str):  # pragma: no mutate block
         location = client.get_model_version_download_uri(name, version)
         with tempfile.TemporaryDirectory(prefix="kale-model-") as tmp:
             local = mlflow.artifacts.download_artifacts(artifact_uri=location, dst_path=tmp, tracking_uri=uri)
-            return mlflow.pyfunc.load_model(local)
+            with _LOAD_LOCK:
+                return mlflow.pyfunc.load_model(local)
     except Exception as exc:
         raise RegistryUnavailable(f"cannot load {name} v{version} from {uri}: {type(exc).__name__}: "
                                   f"{str(exc)[:300]}") from exc

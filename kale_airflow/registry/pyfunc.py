@@ -1,11 +1,20 @@
-"""Thin MLflow pyfunc wrappers: load once in ``load_context``, delegate in ``predict``."""
+"""Thin MLflow pyfunc wrappers: load once in ``load_context``, delegate in ``predict``.
+
+Both are logged as "models from code" (:data:`FORECASTER_CODE`, :data:`THROUGHPUT_CODE`:
+nothing is pickled) with a signature and an input example, by :func:`log_forecaster` and
+:func:`log_throughput`."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import mlflow.pyfunc
 import pandas as pd
+
+FORECASTER_CODE = Path(__file__).with_name("forecaster_model.py")
+THROUGHPUT_CODE = Path(__file__).with_name("throughput_model.py")
+EXAMPLE_ROWS = 288  # a day of the autoscaler's 5-minute traffic bins: enough history for every forecaster
 
 
 class ForecasterModel(mlflow.pyfunc.PythonModel):
@@ -64,3 +73,31 @@ def throughput_signature():
         outputs=Schema([ColSpec("long", "workers"), ColSpec("double", "samples_per_s"),
                         ColSpec("double", "lower_bound")]),
     )
+
+
+def forecaster_example(history: pd.Series, horizon: int, rows: int = EXAMPLE_ROWS) -> tuple[pd.DataFrame, dict]:
+    """The forecaster's input example: the last ``rows`` steps of ``history`` (a series indexed
+    by time) as the history frame, and the ``horizon`` param."""
+    tail = history.iloc[-rows:]
+    frame = pd.DataFrame({"timestamp": pd.DatetimeIndex(tail.index), "value": tail.to_numpy(dtype=float)})
+    return frame, {"horizon": int(horizon)}
+
+
+def throughput_example(worker_counts) -> pd.DataFrame:
+    """The throughput model's input example: the worker counts it was fitted on."""
+    return pd.DataFrame({"workers": sorted(int(n) for n in worker_counts)}).astype("int64")
+
+
+def log_forecaster(model_dir: str, quantile_columns: list[str], horizon: int, example: tuple[pd.DataFrame, dict]):
+    """Log the forecaster saved in ``model_dir`` to the active run as ``name="model"``; returns
+    MLflow's ``ModelInfo`` (its ``model_uri`` is what :func:`~.mlflow_registry.register` takes)."""
+    return mlflow.pyfunc.log_model(name="model", python_model=str(FORECASTER_CODE),
+                                   artifacts={"forecaster": model_dir},
+                                   signature=forecaster_signature(quantile_columns, horizon), input_example=example)
+
+
+def log_throughput(path: str, example: pd.DataFrame):
+    """Log the throughput model saved at ``path`` (JSON) to the active run as ``name="model"``;
+    returns MLflow's ``ModelInfo``."""
+    return mlflow.pyfunc.log_model(name="model", python_model=str(THROUGHPUT_CODE), artifacts={"throughput": path},
+                                   signature=throughput_signature(), input_example=example)

@@ -1,10 +1,15 @@
 """Worker backends: local processes (embedded default) and Kubernetes GPU pods.
 
-A generation is one ``torch.distributed`` job; both backends start its ranks with the same
-command line (``python -m kale_airflow.runtime.worker ... --worker-id RANK --rendezvous ...``);
-the backend is configuration. Locally one supervisor runs every rank of the job (127.0.0.1
-rendezvous on a free port); on Kubernetes each rank is a pod and rank 0 publishes its pod IP
-in the control-plane database (``--rendezvous control-plane:29500``).
+Both backends start ranks with the same command line (``python -m kale_airflow.runtime.worker
+... --worker-id SLOT --rendezvous ...``); the backend is configuration. With warm ranks
+(``worker_warm_wait_s`` > 0, the default) a rank process outlives its generation: locally
+one pool supervisor per deployment (:class:`LocalPool`) keeps a process per slot of the
+current generation and starts only the slots a scale-up adds; on Kubernetes each slot is a
+pod that re-joins every generation in place, and a scale-up launches pods for the added
+slots only (``Generations.pod_arguments``). Without warm ranks a generation is one job
+(:class:`LocalWorkers`: one supervisor runs every rank of it, 127.0.0.1 rendezvous on a free
+port); on Kubernetes rank 0 publishes its pod IP in the control-plane database
+(``--rendezvous control-plane:29500``).
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+AWAIT_ADDED_S = 60.0  # how long a local generation trains on while a larger one's added slots start
 
 
 @dataclass
@@ -35,6 +42,10 @@ class WorkerSpec:
     # The worker's --allow-fresh-model: a deliberate reset, starting a new model from the committed
     # offsets when no checkpoint can be read (without it such a worker refuses to start).
     allow_fresh_model: bool = False
+    trainer: str | None = None  # the worker's --trainer (module:attr); None: the reference CTR model
+    # The worker's --warm-wait: seconds a rank waits for the next generation after its own stops
+    # (0: every generation is a new job).
+    warm_wait_s: float = 0.0
 
     def environment(self) -> dict[str, str]:
         """Environment variables every worker needs besides its command (``KALE_DATABASE_URL``)."""
@@ -55,7 +66,24 @@ class WorkerSpec:
                "--batch-size", str(self.batch_size)]
         cmd += (["--device", self.device] if self.device != "auto" else []) + (["--amp"] if self.amp else [])
         cmd += ["--allow-fresh-model"] if self.allow_fresh_model else []
-        return cmd + self.extra_args
+        return cmd + self._options() + self.extra_args
+
+    def _options(self) -> list[str]:
+        return ((["--trainer", self.trainer] if self.trainer else []) +
+                (["--warm-wait", f"{self.warm_wait_s:g}"] if self.warm_wait_s > 0 else []))
+
+    def pool_command(self) -> list[str]:
+        """The command of every warm rank process of a local pool, without its slot (the pool
+        supervisor appends ``--worker-id`` and ``--rendezvous``): no generation, no assignment,
+        since warm ranks read both from the control plane."""
+        cmd = ["python", "-m", "kale_airflow.runtime.worker", "--stream", self.stream_url, "--group", self.group,
+               "--checkpoint-dir", self.checkpoint_dir, "--batch-size", str(self.batch_size)]
+        cmd += (["--device", self.device] if self.device != "auto" else []) + (["--amp"] if self.amp else [])
+        cmd += ["--allow-fresh-model"] if self.allow_fresh_model else []
+        # The pool starts a scale-up's added slots when the generation is named: the old ranks
+        # train on while those import, so the pause does not include a process start.
+        cmd += ["--await-added", f"{min(AWAIT_ADDED_S, self.warm_wait_s):g}"]
+        return cmd + self._options() + self.extra_args
 
 
 class LocalWorkers:
@@ -105,3 +133,73 @@ class LocalWorkers:
                 codes[w] = p.wait()
         self.procs.clear()
         return codes
+
+
+class LocalPool:
+    """The deployment's warm ranks on this machine: one
+    :class:`~kale_airflow.runtime.supervise.PoolSupervisor` (``supervise --pool``) keeps one
+    process per slot of the control plane's current generation, across generations.
+    :meth:`ensure` starts it unless it runs (its ``pool.lock`` in ``log_dir`` says); a new
+    generation reaches it through the control plane, where it and the ranks read the current
+    generation and its assignment. Logs: ``worker-<slot>.log`` per slot, ``pool.log`` for the
+    supervisor."""
+
+    def __init__(self, spec: WorkerSpec, log_dir: str | Path, max_restarts: int = 3, backoff_s: float = 2.0):
+        if not spec.database_url or spec.warm_wait_s <= 0:
+            raise ValueError("a local pool needs the control-plane database (database_url) and warm_wait_s > 0")
+        self.spec, self.max_restarts, self.backoff_s = spec, max_restarts, backoff_s
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def lock_path(self) -> Path:
+        return self.log_dir / "pool.lock"
+
+    def running(self) -> int | None:
+        """The pid of the pool supervisor that holds the lock, or None when none runs."""
+        import fcntl
+
+        self.lock_path.touch()
+        with open(self.lock_path) as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                text = fh.read().strip()
+                return int(text) if text.isdigit() else -1
+            fcntl.flock(fh, fcntl.LOCK_UN)
+        return None
+
+    def ensure(self) -> list[int]:
+        """Start the pool supervisor unless one runs; returns its pid."""
+        pid = self.running()
+        if pid is not None:
+            return [pid]
+        env = os.environ | self.spec.environment()
+        if not os.environ.get("KALE_WORKER_THREADS"):  # each rank takes its share of the cores per generation
+            env["KALE_WORKER_CORES"] = str(os.cpu_count() or 1)
+        cmd = [sys.executable, "-m", "kale_airflow.runtime.supervise", "--pool", "--max-restarts",
+               str(self.max_restarts), "--backoff", f"{self.backoff_s:g}", "--log-dir", str(self.log_dir),
+               "--log-name", "worker-{rank}.log", "--", sys.executable, *self.spec.pool_command()[1:]]
+        with open(self.log_dir / "pool.log", "ab") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        return [self.proc.pid]
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Wait for the supervisor this object started (it ends when no generation wants workers)."""
+        return None if self.proc is None else self.proc.wait(timeout=timeout)
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        """SIGTERM the pool (every rank checkpoints at an agreed step and exits 0); SIGKILL after
+        ``timeout``. Works on a pool another process started (by its pid)."""
+        pid = self.proc.pid if self.proc is not None else self.running()
+        if pid is None or pid < 0:
+            return None
+        os.kill(pid, signal.SIGTERM)
+        if self.proc is None:
+            return None
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()

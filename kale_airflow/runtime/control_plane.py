@@ -88,6 +88,7 @@ class ControlPlane:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._stop = threading.Event()  # ends backoff sleeps at close (new records must not: they come every report)
+        self._last_read = -float("inf")
 
     @classmethod
     def for_url(cls, url: str, heartbeats: bool = True, **kwargs) -> ControlPlane:
@@ -184,6 +185,39 @@ class ControlPlane:
                 raise
             self._went_down(exc)
         return self._generation
+
+    def current(self) -> dict | None:
+        """The current generation as the store has it (``{"generation", "workers",
+        "assignment", "created"}``), or None: none named, or the database unreachable (a
+        waiting rank waits on; during an outage it is asked again every ``retry_max_s``)."""
+        return self._read(lambda state: state.current())
+
+    def value(self, key: str) -> dict | None:
+        """A control-store value (:meth:`~kale_airflow.store.StateStore.get_value`); None when
+        absent or the database is unreachable."""
+        return self._read(lambda state: state.get_value(key))
+
+    def seen(self, generation: str) -> dict[int, dict] | None:
+        """A generation's heartbeats (:meth:`~kale_airflow.store.StateStore.workers_seen`); None
+        when the database is unreachable."""
+        return self._read(lambda state: state.workers_seen(generation))
+
+    def _read(self, fn: Callable):
+        """A best-effort read: a transient failure marks the outage; during one, reads are
+        tried again only every ``retry_max_s`` (the writer thread tries on its own schedule)."""
+        if self.down_since is not None and time.monotonic() - self._last_read < self.retry_max_s:
+            return None
+        self._last_read = time.monotonic()
+        try:
+            state = self._stores_now()[0]
+            out = fn(state) if state is not None else None
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            self._went_down(exc)
+            return None
+        self._answered()
+        return out
 
     # ------------------------------------------------------- best-effort writes
     def heartbeat(self, generation: str, worker_id: int, state: str, wait_s: float | None = None) -> bool:

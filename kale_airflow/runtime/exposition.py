@@ -70,8 +70,16 @@ class WorkerMetrics:
         self.server = None
 
     def identify(self, worker: int | str = 0, generation: str = "0", workers: int = 1) -> None:
-        """Set the labels every series carries (call before the first step)."""
+        """Set the labels every series carries (call before the first step, and again for every
+        generation a warm rank joins: the old generation's size gauge is dropped, so
+        ``max by (workers)`` sees only the current one)."""
+        old = self.labels
         self.labels = {"worker": str(worker), "generation": str(generation), "workers": str(int(workers))}
+        if old != self.labels:
+            try:
+                self.generation_workers.remove(*(old[k] for k in LABELS))
+            except KeyError:  # never set (the first call)
+                pass
         self.generation_workers.labels(**self.labels).set(int(workers))
         for m in (self.samples, self.steps, self.restores, self.malformed):  # export zeros from the start
             m.labels(**self.labels)

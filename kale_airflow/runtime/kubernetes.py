@@ -34,6 +34,7 @@ RENDEZVOUS_PORT = 29500
 RENDEZVOUS = f"control-plane:{RENDEZVOUS_PORT}"
 POD_IP_ENV = "KALE_POD_IP"
 METRICS_PORT = 9400
+SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 
 
 def label_value(text: str) -> str:
@@ -78,6 +79,11 @@ def pod_kwargs(cfg: KubernetesWorkerConfig) -> dict:
     return dict(
         namespace=cfg.namespace,
         image=cfg.image,
+        image_pull_policy=cfg.image_pull_policy,
+        # comma-separated (the provider splits it): a list of V1LocalObjectReference does not survive
+        # DAG serialization of the mapped task's partial arguments
+        image_pull_secrets=",".join(cfg.image_pull_secrets) or None,
+        priority_class_name=cfg.priority_class_name,
         container_resources=k8s.V1ResourceRequirements(
             requests={"cpu": cfg.cpu_request, "memory": cfg.memory_request}, limits=limits),
         node_selector=dict(cfg.node_selector),
@@ -95,7 +101,10 @@ def pod_kwargs(cfg: KubernetesWorkerConfig) -> dict:
             capabilities=k8s.V1Capabilities(drop=["ALL"]), seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault")),
         # /metrics of each worker (runtime/exposition.py), scraped by the chart's PodMonitor or by annotation
         ports=[k8s.V1ContainerPort(name="metrics", container_port=METRICS_PORT)],
-        annotations={"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT)},
+        annotations={"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT),
+                     # A node the cluster autoscaler drains to scale down kills a rank, and with it the
+                     # whole generation (it restarts from its checkpoint): Kale decides when to rescale.
+                     SAFE_TO_EVICT: "false"},
         service_account_name=cfg.service_account,
         termination_grace_period=cfg.grace_period_s,
         kubernetes_conn_id=cfg.kubernetes_conn_id,

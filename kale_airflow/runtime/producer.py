@@ -10,8 +10,10 @@ when a new embedded deployment has no traffic yet. Never point it at a productio
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,10 +24,33 @@ from kale_airflow.runtime.samples import generate, pack
 from kale_airflow.stream.base import Stream
 
 
+def ctr_payloads(n: int, seed: int) -> list[bytes]:
+    """``n`` synthetic click-through samples, packed (the reference model's payloads)."""
+    return pack(generate(n, seed))
+
+
+def load_payloads(spec: str | None) -> Callable[[int, int], list[bytes]]:
+    """The payload function ``module:attr`` names (a deployment's ``producer``: ``(n, seed)`` ->
+    ``n`` payloads); None: :func:`ctr_payloads`."""
+    if not spec:
+        return ctr_payloads
+    module_name, _, attr = spec.partition(":")
+    try:
+        found = importlib.import_module(module_name)
+        for part in attr.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"producer {spec!r} cannot be loaded ({exc}); install its package here") from None
+    if not callable(found):
+        raise ValueError(f"producer {spec!r} is not a function (n, seed) -> list of payloads")
+    return found
+
+
 @dataclass
 class Producer:
     """Each trace step becomes ``value * scale`` samples, written over ``step / compression``
-    wall seconds, split over partitions by Zipf(``skew``) shares (seeded)."""
+    wall seconds, split over partitions by Zipf(``skew``) shares (seeded); ``payloads(n, seed)``
+    makes them (default the synthetic click-through samples)."""
 
     stream: Stream
     trace: Trace
@@ -34,6 +59,7 @@ class Producer:
     skew: float = 0.8
     seed: int = 0
     start_step: int = 0
+    payloads: Callable[[int, int], list[bytes]] = ctr_payloads
 
     def __post_init__(self):
         if self.compression <= 0 or self.scale <= 0:
@@ -56,8 +82,7 @@ class Producer:
         for p, c in zip(self.partitions, counts):
             if c:
                 self._chunk += 1
-                self.stream.append(p, pack(generate(int(c), seed=hash((self.seed, p, self._chunk)) & 0xFFFFFFFF)),
-                                   ts=now)
+                self.stream.append(p, self.payloads(int(c), hash((self.seed, p, self._chunk)) & 0xFFFFFFFF), ts=now)
                 written += int(c)
         return written
 

@@ -5,7 +5,9 @@ Usage (``LocalWorkers`` starts every local generation this way: one supervisor p
     python -m kale_airflow.runtime.supervise --ranks N --log-dir DIR --log-name 'G-worker-{rank}.log' \\
         [--max-restarts 3] [--backoff 2] -- python -m kale_airflow.runtime.worker ...
 
-With ``--ranks N`` the supervisor runs the N ranks of one ``torch.distributed`` job: each
+With ``--pool`` it keeps a deployment's rank processes across generations instead
+(:class:`PoolSupervisor`; ``LocalPool`` starts it when warm ranks are on). With ``--ranks N``
+the supervisor runs the N ranks of one ``torch.distributed`` job: each
 attempt picks a free port on 127.0.0.1 for the rendezvous and starts every rank with
 ``--worker-id R --workers-total N --rendezvous 127.0.0.1:PORT`` appended, each rank's output
 in its own log. **A rank that dies fails the whole job**: its peers' collectives break, the
@@ -35,7 +37,8 @@ from exactly what it had seen. Without ``--ranks`` it supervises one command as 
   exits; the supervisor then exits with the worker's code.
 
 Standard library only: it must start in milliseconds, not import torch (the database
-client is imported only to mark a job it gives up on).
+client is imported only by the pool, which reads the current generation, and to mark a job
+it gives up on).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from pathlib import Path
 MAX_BACKOFF_S = 60.0
 EXIT_DEPENDENCY = 75  # sysexits EX_TEMPFAIL: a dependency is unreachable; try again later
 EXIT_REFUSED = 78  # sysexits EX_CONFIG: the worker must not run as configured; a restart cannot help
+EXIT_RENDEZVOUS = 69  # sysexits EX_UNAVAILABLE: a generation's ranks did not all meet; restart them all
 OUTAGE_DEADLINE_S = 1800.0
 
 
@@ -268,6 +272,184 @@ class JobSupervisor(Supervisor):
                 return codes[failed[0]]
 
 
+def pool_plan(want: int | None, alive: set[int], exited: dict[int, int]) -> tuple[list[int], bool, bool]:
+    """What the pool supervisor does next: (slots to start, start a new attempt, a failure).
+
+    ``want``: the current generation's size (None: unknown, keep what runs); ``alive``: the
+    slots running; ``exited``: the slots that just ended, with their codes. A slot that ended
+    with anything but 0 is a failure: every slot restarts (a new attempt, from the checkpoint).
+    Slot 0 hosts the rendezvous store, so starting it while others live is a new attempt too.
+    Slots below ``want`` that are not running are started; removed slots leave on their own."""
+    failed = any(code != 0 for code in exited.values())
+    if failed:
+        return [], True, True
+    if want is None:
+        return [], False, False
+    start = [s for s in range(want) if s not in alive]
+    if 0 in start and alive:
+        return [], True, False
+    return start, False, False
+
+
+def restart_reason(exited: dict[int, int]) -> str:
+    """Why a pool restarts every slot, in words (the ranks record it with the pause)."""
+    bad = {r: c for r, c in exited.items() if c != 0}
+    if not bad:
+        return "restart: slot 0 started again (it hosts the rendezvous)"
+    r = min(bad)
+    if bad[r] == EXIT_RENDEZVOUS:
+        return f"restart: the ranks of a generation did not all meet in time (slot {r})"
+    return f"restart after slot {r} ended with {describe(bad[r])}"
+
+
+class PoolSupervisor(JobSupervisor):
+    """The deployment's rank processes on this machine, kept across generations (``--pool``).
+
+    It watches the control plane's current generation (``KALE_DATABASE_URL``) and keeps one
+    process per slot of it: when a generation with more workers is named it starts the added
+    slots at once (their import overlaps the handover; they wait for the assignment and
+    receive the model from a surviving rank); a scale-down's removed slots exit 0 on their own
+    after the agreed step. A slot that fails (or a warm meeting that times out, exit code
+    69) restarts every slot from the checkpoint on a new rendezvous port, with the usual
+    backoff; the failure count starts over with each new generation, as a new job's does.
+    It holds ``pool.lock`` in its log folder (one pool per deployment) and exits when the
+    current generation wants no worker and none runs."""
+
+    def __init__(self, cmd: list[str], log_dir: str | Path, log_name: str, database_url: str, poll_s: float = 0.1,
+                 **kwargs):
+        super().__init__(cmd, 0, log_dir, log_name, **kwargs)
+        self.url, self.poll_s = database_url, poll_s
+        self.slots: dict[int, subprocess.Popen] = {}
+        self.port: int | None = None
+        self.generation: str | None = None
+        self._store = None
+        self._lock = None
+
+    def _forward(self, signum, _frame) -> None:
+        self.stopping = True
+        for p in self.slots.values():
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    def _wanted(self) -> int | None:
+        """The current generation's size; None when the control plane cannot say (keep what runs)."""
+        try:
+            if self._store is None:
+                from kale_airflow.store import StateStore
+
+                self._store = StateStore(self.url)
+            cur = self._store.current()
+        except Exception as exc:  # noqa: BLE001 - an outage: keep what runs
+            say(f"cannot read the current generation ({type(exc).__name__}); keeping the running slots")
+            return None
+        if cur is None:
+            return 0
+        if cur["generation"] != self.generation:
+            self.generation, self.failures = cur["generation"], 0  # a new generation is a new job
+        if cur["workers"] is not None:
+            return int(cur["workers"])
+        return len(cur["assignment"]) if cur["assignment"] is not None else None
+
+    def _start_slots(self, slots: list[int], reason: str) -> None:
+        if self.port is None:
+            self.port = free_port()
+        for r in slots:
+            env = os.environ | {"KALE_START_REASON": reason}
+            with open(self._log(r), "ab") as out:
+                self.slots[r] = subprocess.Popen(
+                    [*self.cmd, "--worker-id", str(r), "--rendezvous", f"127.0.0.1:{self.port}"],
+                    stdout=out, stderr=subprocess.STDOUT, env=env)
+        say(f"started slot(s) {', '.join(map(str, slots))} ({reason}; rendezvous 127.0.0.1:{self.port}; pids "
+            f"{', '.join(str(self.slots[r].pid) for r in slots)})")
+
+    def _reap_slots(self) -> dict[int, int]:
+        """End every slot: a grace to fail on their own (a broken collective), SIGTERM (a waiting
+        rank exits 0), then SIGKILL. Returns their codes."""
+        for stage in ("wait", "term", "kill"):
+            until = time.monotonic() + self.grace_s
+            while time.monotonic() < until and any(p.poll() is None for p in self.slots.values()):
+                time.sleep(0.05)
+            for p in self.slots.values():
+                if p.poll() is None and stage != "wait":
+                    p.terminate() if stage == "term" else p.kill()
+        codes = {r: p.wait() for r, p in self.slots.items()}
+        self.slots.clear()
+        return codes
+
+    def _mark_dead(self, slots: list[int]) -> None:
+        """Best-effort: the dead slots' ``running`` heartbeats become ``failed``, so a handover
+        waiting for them goes on at once instead of after they go stale."""
+        try:
+            for gen, w, _rec in self._store.running_workers() if self._store is not None else []:
+                if w in slots:
+                    self._store.worker_seen(gen, w, "failed")
+        except Exception as exc:  # noqa: BLE001 - they go stale instead
+            say(f"could not mark the dead slots failed ({type(exc).__name__})")
+
+    def run(self) -> int:
+        """Hold the pool's lock (exit 0 when another supervisor has it), then supervise."""
+        import fcntl
+
+        self._lock = open(self.log_dir / "pool.lock", "a+")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            say(f"another pool supervisor holds {self.log_dir / 'pool.lock'}: nothing to do")
+            return 0
+        self._lock.seek(0)
+        self._lock.truncate()
+        self._lock.write(str(os.getpid()))
+        self._lock.flush()
+        return super().run()
+
+    def _loop(self) -> int:
+        started, attempt_reason = time.monotonic(), "start"
+        while True:
+            want = self._wanted()
+            exited = {r: p.poll() for r, p in self.slots.items() if p.poll() is not None}
+            for r, code in exited.items():
+                if code == 0:
+                    say(f"slot {r} pid {self.slots.pop(r).pid} exited 0")
+            if self.stopping:
+                return max((p.wait() for p in self.slots.values()), default=0)
+            start, new_attempt, failed = pool_plan(want, set(self.slots), exited)
+            if new_attempt:
+                give_up, delay = self._end_attempt(exited, failed, time.monotonic() - started)
+                if give_up:
+                    return next((c for c in exited.values() if c), 1)
+                self._pause(delay)
+                started, attempt_reason, self.port = time.monotonic(), restart_reason(exited), None
+                continue
+            if start:
+                reason = attempt_reason if not self.slots else "scale-up"
+                self._start_slots(start, reason)
+                attempt_reason = "rejoin"
+            if want == 0 and not self.slots:
+                say("the current generation wants no worker and none runs: the pool ends")
+                return 0
+            time.sleep(self.poll_s)
+
+    def _end_attempt(self, exited: dict[int, int], failed: bool, ran_s: float) -> tuple[bool, float]:
+        """Stop every slot of the attempt; (give up, delay before the next one)."""
+        bad = {r: c for r, c in exited.items() if c != 0}
+        codes = {**self._reap_slots(), **exited}
+        dead = sorted(codes)
+        self._mark_dead(dead)
+        if not failed:
+            say(f"slot 0 must start again while slot(s) {dead} live: every slot restarts on a new rendezvous port")
+            return False, 0.0
+        give_up, delay, then = self.verdict(list(bad.values()), ran_s)
+        first = min(bad)
+        for r, code in sorted(codes.items()):
+            how = f"ended with {describe(code)}" if r in bad else f"stopped by the supervisor after slot {first} failed"
+            line = (f"slot {r} {how}; {then}" + ("; the job's slices wait for the next generation" if give_up else
+                    " (every slot restores the job's checkpoint: model, optimizer, step and slice positions)"))
+            say(line)
+            with open(self._log(r), "a") as fh:
+                fh.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} supervisor: {line}\n")
+        return give_up, delay
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m kale_airflow.runtime.supervise",
@@ -284,6 +466,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", type=int, default=0,
                     help="run the command as the N ranks of one distributed job (appends --worker-id, "
                     "--workers-total and --rendezvous 127.0.0.1:PORT); 0: one process as is")
+    ap.add_argument("--pool", action="store_true",
+                    help="keep the deployment's rank processes across generations: one per slot of the control "
+                    "plane's current generation (KALE_DATABASE_URL), started as generations grow (appends "
+                    "--worker-id and --rendezvous 127.0.0.1:PORT), restarted together when one fails")
     ap.add_argument("--log-dir", default=".", help="with --ranks: folder of the ranks' logs")
     ap.add_argument("--log-name", default="worker-{rank}.log", help="with --ranks: each rank's log file name")
     ap.add_argument("cmd", nargs=argparse.REMAINDER, help="the worker command, after --")
@@ -293,6 +479,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("no worker command given: put it after --")
     if args.max_restarts < 0 or args.backoff < 0:
         ap.error("--max-restarts and --backoff must be >= 0")
+    if args.pool:
+        url = option(cmd, "--database-url") or os.environ.get("KALE_DATABASE_URL")
+        if not url:
+            ap.error("--pool reads the current generation from the control-plane database: set KALE_DATABASE_URL")
+        return PoolSupervisor(cmd, args.log_dir, args.log_name, url, max_restarts=args.max_restarts,
+                              backoff_s=args.backoff, healthy_after_s=args.healthy_after,
+                              outage_deadline_s=args.outage_deadline).run()
     if args.ranks > 0:
         return JobSupervisor(cmd, args.ranks, args.log_dir, args.log_name, max_restarts=args.max_restarts,
                              backoff_s=args.backoff, healthy_after_s=args.healthy_after,

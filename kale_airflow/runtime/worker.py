@@ -4,30 +4,38 @@
         --assignment A.json --worker-id RANK --workers-total N --rendezvous HOST:PORT \\
         --generation G --checkpoint-dir DIR [...]
 
-A generation is **one job** of N ranks (local processes, or pods on Kubernetes):
+A process is one **slot** of the deployment's job (its supervisor's or its pod's index) and
+trains one generation after another when ``--warm-wait`` is set (the backends set it): see
+:mod:`~kale_airflow.runtime.elastic` for how ranks survive a generation change, meet again at
+the new world size and hand each other the model in memory. Without it a process trains one
+generation and exits (a crash, or a timed-out warm meeting, is always that: a full restart).
 
-- **rendezvous**: ``--rendezvous HOST:PORT`` (rank 0 serves a ``TCPStore`` there, the others
-  connect; locally the supervisor picks a free port on 127.0.0.1 for every attempt), or
-  ``--rendezvous control-plane:PORT`` (Kubernetes: rank 0 publishes its pod IP,
+- **the model** is a :class:`~kale_airflow.runtime.trainer.Trainer` (``--trainer module:attr``;
+  default the reference CTR model, :class:`~kale_airflow.runtime.model.CTRTrainer`); the
+  runtime owns the stream, slices, offsets, checkpoints, rendezvous, rescale, metrics and stop.
+- **rendezvous**: ``--rendezvous HOST:PORT`` (slot 0 serves a ``TCPStore`` there for its whole
+  life, the others connect; locally the supervisor picks a free port on 127.0.0.1 for every
+  attempt), or ``--rendezvous control-plane:PORT`` (Kubernetes: slot 0 publishes its pod IP,
   ``$KALE_POD_IP`` from the downward API, and the port in the control-plane database under
-  ``rendezvous/<generation>``; the other ranks read it there). gloo on CPU, NCCL when CUDA is
-  present. Without ``--rendezvous`` and with one worker the process trains alone (tests).
-- **DistributedDataParallel** on the CTR model; every rank reads the slices the rebalancer
+  ``rendezvous/<generation>``; the other ranks read it there). Each generation meets under its
+  own key prefix; a rank takes the rank of its slot. gloo on CPU, NCCL when CUDA is present.
+  Without ``--rendezvous`` and with one worker the process trains alone (tests).
+- **DistributedDataParallel** on the trainer's model; every rank reads the slices the rebalancer
   assigned to it (a slice ``[lo, hi)`` of partition p takes the offsets o with
   ``frac(o * phi)`` in it) and every step is synchronized by one small all-reduce of
   control values (samples read, stop asked) followed by DDP's gradient all-reduce.
 - **Uneven inputs: zero-weight padding.** A rank with fewer samples (or none) still runs
   forward/backward every step; each rank's loss is ``sum of its sample losses * N /
-  global samples``, so DDP's gradient average is exactly the mean gradient over the
-  global batch, however the samples are spread; a rank with no data forwards one dummy
-  sample with weight 0. (DDP's ``join()`` also works with gloo, but it shadows the
+  global samples`` (the ``scale`` the trainer's step gets), so DDP's gradient average is
+  exactly the mean gradient over the global batch, however the samples are spread; a rank
+  with no data trains the trainer's padding sample with weight 0. (DDP's ``join()`` also works with gloo, but it shadows the
   collectives of the ranks that ran dry and needs the control all-reduce anyway; padding
   keeps one code path for every rank.)
 - **Offsets live in the checkpoint**: every ``--checkpoint-every`` steps and at stop rank 0
   gathers every rank's slice positions and writes one atomic checkpoint (model, optimizer,
   step, positions); only then does it commit those positions to the stream. A restart
-  (or a new generation with another world size) restores that checkpoint on rank 0 and
-  broadcasts it; each slice starts at the later of its stream commit and the lowest
+  restores that checkpoint on rank 0 and broadcasts it (a warm generation change takes the
+  same state from a surviving rank's memory instead); each slice starts at the later of its stream commit and the lowest
   checkpointed position of the old slices that overlap it (the handover rule), so training
   resumes from exactly what the model has seen; the steps since the last checkpoint are
   replayed (trained at most twice, never skipped). The checkpoint before the newest is kept
@@ -41,11 +49,12 @@ A generation is **one job** of N ranks (local processes, or pods on Kubernetes):
   recreated, records deleted by retention) fail the worker loudly (exit code 78), at start
   and when a slice reads nothing, naming partition, position and the log's range: training
   on would skip records silently.
-- stops (checkpoint, exit 0) on SIGTERM or when rank 0 sees a newer generation in the
-  control store: the stop is agreed in the step's all-reduce, so every rank stops at the
-  same step. A rank that dies makes its peers' collectives fail: the whole generation
-  fails and restarts from the checkpoint (the local supervisor restarts every rank; on
-  Kubernetes every pod's task retries).
+- stops (checkpoint) on SIGTERM (exit 0) or when rank 0 sees a newer generation in the
+  control store (checked every ``--generation-poll`` seconds; then on to the next
+  generation, or exit 0 without ``--warm-wait``): the stop is agreed in the step's
+  all-reduce, so every rank stops at the same step. A rank that dies makes its peers'
+  collectives fail: the whole generation fails and restarts from the checkpoint (the local
+  supervisor restarts every rank; on Kubernetes every pod's task retries).
 - rank 0 records the job's samples/s (global samples over wall time, reads, all-reduce and
   checkpoints included) to the metrics store, for windows in which no rank ran dry;
   heartbeats and throughput are best-effort (:mod:`~kale_airflow.runtime.control_plane`): an
@@ -63,31 +72,77 @@ import logging
 import math
 import os
 import signal
-import socket
 import sys
+import threading
 import time
 import uuid
+from itertools import compress
 from pathlib import Path
-
-import numpy as np
 
 from kale_airflow.core.errors import KaleError
 from kale_airflow.core.slices import Slice, slices_for
 from kale_airflow.runtime import exposition
 from kale_airflow.runtime.control_plane import ControlPlane, ControlPlaneUnavailable
-from kale_airflow.runtime.supervise import EXIT_DEPENDENCY, EXIT_REFUSED
+from kale_airflow.runtime.elastic import (
+    CONTROL_PLANE,
+    DEFAULT_PORT,
+    GO,
+    JOIN,
+    LEAVE,
+    OFFLOAD_AFTER_S,
+    PAUSES_KEY,
+    RENDEZVOUS_KEY,
+    RESCALE_KEY,
+    RESTART,
+    RESTART_KEY,
+    TIMEOUT,
+    WAIT,
+    WARM,
+    WARM_BEAT_S,
+    DuplicateSlot,
+    Rendezvous,
+    RendezvousTimeout,
+    Replica,
+    added_ready,
+    broadcast_state,
+    choose_source,
+    merge_pause,
+    next_action,
+    pause_record,
+    threads_for,
+)
+from kale_airflow.runtime.supervise import EXIT_DEPENDENCY, EXIT_REFUSED, EXIT_RENDEZVOUS
+from kale_airflow.runtime.trainer import Decoded, check_state_keys, load_trainer, state_problem
 from kale_airflow.stream.base import StreamPositionError
 
+__all__ = ["CONTROL_PLANE", "DEFAULT_PORT", "RENDEZVOUS_KEY", "Worker", "main", "start_positions"]
 log = logging.getLogger("kale.worker")
 _signalled: list[int] = []  # set by the signal handler, which is installed before torch loads
 CHECKPOINT = "model.pt"
 PREVIOUS = "model.prev.pt"  # the checkpoint before the newest: the fallback when the newest cannot be read
-CHECKPOINT_KEYS = ("model", "optim", "steps")
 POSITION_CHECK_S = 5.0  # at most this often, a slice that reads nothing checks its position against the log
 STOPPED_WAIT_S = 60.0  # how long the final "stopped" heartbeat (a handover waits on it) is retried
-RENDEZVOUS_KEY = "rendezvous/{generation}"
-CONTROL_PLANE = "control-plane"
-DEFAULT_PORT = 29500
+GENERATION_POLL_S = 0.25  # how often rank 0 looks for a newer generation while training (one cheap read)
+START_REASON_ENV = "KALE_START_REASON"  # why the supervisor started this process (crash restart, scale-up, ...)
+
+
+def step_scale(weight: float, world: int, total: int) -> float:
+    """The factor of a rank's summed sample losses that makes DDP's gradient average (over
+    ``world`` ranks) the mean gradient of the ``total`` samples of the global batch; ``weight``
+    0 for a rank training padding."""
+    return weight * world / max(1, total)
+
+
+def stop_reason(signalled: bool, max_steps_reached: bool, idle_exit: bool) -> str:
+    """Why a generation's training loop ended, as the job loop acts on it: ``signal`` (this
+    process was asked to stop: it exits), ``max_steps`` and ``idle`` (batch jobs and tests:
+    they exit), else ``stopped`` (a newer generation, or a peer's signal: look at the control
+    plane for what is next)."""
+    if signalled:
+        return "signal"
+    if max_steps_reached:
+        return "max_steps"
+    return "idle" if idle_exit else "stopped"
 
 
 def start_positions(slices: list[Slice], committed: dict[Slice, int], checkpointed: list[tuple],
@@ -166,17 +221,19 @@ def select_device(requested: str = "auto", rank: int = 0):  # pragma: no mutate 
 
 
 class Worker:
-    """One rank of the training job (or a lone trainer when no process group is set up)."""
+    """One rank of one generation of the training job (or a lone trainer when no process group
+    is set up). ``replica``: the process's model, kept across generations (see
+    :class:`~kale_airflow.runtime.elastic.Replica`); without one the worker builds the
+    ``trainer`` (a :class:`~kale_airflow.runtime.trainer.Trainer`, or ``module:attr``; default
+    the CTR model)."""
 
     def __init__(self, stream, group: str, slices: list[Slice], checkpoint_dir: str | Path, worker_id: int = 0,
                  generation: str = "0", workers_total: int = 1, batch_size: int = 512, lr: float = 0.01,
                  checkpoint_every: int = 50, metrics=None, control=None, audit: str | Path | None = None,
                  seed: int = 0, step_time_s: float = 0.0, step_log: str | Path | None = None,
-                 device: str = "auto", amp: bool = False, allow_fresh_model: bool = False):  # pragma: no mutate block
-        import torch
+                 device: str = "auto", amp: bool = False, allow_fresh_model: bool = False, trainer=None,
+                 replica: Replica | None = None):  # pragma: no mutate block
         import torch.distributed as dist
-
-        from kale_airflow.runtime.model import CTRModel
 
         self.stream, self.group, self.slices = stream, group, slices
         self.ckpt_dir = Path(checkpoint_dir)
@@ -197,42 +254,61 @@ class Worker:
         self.audit = Path(audit) if audit else None
         self.step_log = Path(step_log) if step_log else None
         self.run_id = uuid.uuid4().hex[:8]  # one per process start: tells replayed steps apart in audits
-        self.device = select_device(device, self.rank)
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-        self.amp = amp and self.device.type == "cuda"  # bf16 autocast on CUDA only: the CPU path stays float32
-        torch.manual_seed(seed)
-        self.module = CTRModel().to(self.device)
-        self.optim = torch.optim.Adam(self.module.parameters(), lr=lr)
-        self.loss_fn = torch.nn.BCEWithLogitsLoss(reduction="none")
+        self.replica = replica or build_replica(trainer, device, self.rank, amp, seed, lr)
+        self._adopt_replica(amp)
         self.step_time_s = step_time_s
-        self.steps = 0
-        self.trained = 0  # samples this rank trained in this process (replays included)
-        self.malformed = 0
-        self.last_loss = float("nan")
-        self.restored_from: str | None = None
-        self.restored_step = 0
-        self.fallback = False  # restored from the previous checkpoint: the newest could not be read
-        self._newest_good = False  # model.pt read back (or written) here: safe to keep as the previous one
-        self._checked_at = -math.inf
+        self._init_counters()
         committed = {s: stream.committed(self._group(s), s.partition) for s in slices}
         checkpointed = self.restore(committed)
         self.positions = start_positions(slices, committed, checkpointed, trust_commits=not self.fallback)
         self.check_positions(committed, collective=True)
         # DDP after the restore: its constructor broadcasts rank 0's parameters (equal anyway).
-        self.model = torch.nn.parallel.DistributedDataParallel(self.module) if self.distributed else self.module
+        self.model = self._wrap()
+
+    def _adopt_replica(self, amp: bool) -> None:  # pragma: no mutate block
+        r = self.replica
+        r.reload()
+        self.trainer, self.module, self.optim, self.device = r.trainer, r.module, r.optimizer, r.device
+        self.amp = bool(amp and self.device.type == "cuda")  # bf16 autocast on CUDA only: the CPU path stays float32
+        check_state_keys(self.trainer.state_dict())
+        self._newest_good = r.newest_good  # model.pt read back (or written) here: safe to keep as the previous one
+
+    def _init_counters(self) -> None:
+        self.steps = self.replica.steps
+        self.trained = 0  # samples this rank trained in this generation (replays included)
+        self.malformed = 0
+        self._last_loss = float("nan")
+        self.restored_from: str | None = None
+        self.restored_step = 0
+        self.restored: dict = {}  # the runtime fields of the state taken: generation, world_size, last_step_t
+        self.source: int | None = None  # the rank whose state this generation took (None: a new model)
+        self.kind: str | None = None  # WARM (a rank's memory) or RESTART (the checkpoint file)
+        self.fallback = False  # restored from the previous checkpoint: the newest could not be read
+        self.last_step_t: float | None = self.replica.last_step_t
+        self._checkpointed: list[tuple] | None = None
+        self._checked_at = -math.inf
+
+    def _wrap(self):  # pragma: no mutate block
+        import torch
+
+        return torch.nn.parallel.DistributedDataParallel(self.module) if self.distributed else self.module
+
+    @property
+    def last_loss(self) -> float:
+        """Mean loss of the last step that trained samples (NaN before one)."""
+        return float(self._last_loss)
 
     def _group(self, s: Slice) -> str:
         return f"{self.group}/{s.group_suffix}"
 
     # -------------------------------------------------------------- collectives
-    def _broadcast(self, obj):  # pragma: no mutate block
+    def _broadcast(self, obj, src: int = 0):  # pragma: no mutate block
         import torch.distributed as dist
 
         if not self.distributed:
             return obj
         box = [obj]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=src)
         return box[0]
 
     def _gather(self, obj) -> list:  # pragma: no mutate block
@@ -250,9 +326,19 @@ class Worker:
 
         if not self.distributed:
             return values
-        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        t = torch.tensor(values, dtype=torch.float64, device=self._comm_device)
         dist.all_reduce(t)
         return t.tolist()
+
+    @property
+    def _comm_device(self):
+        """Where collectives' tensors live: the GPU for NCCL, else host memory."""
+        import torch
+        import torch.distributed as dist
+
+        if self.distributed and dist.get_backend() == "nccl":
+            return self.device
+        return torch.device("cpu")
 
     # -------------------------------------------------------------- checkpoints
     @property
@@ -266,14 +352,15 @@ class Worker:
         return self.ckpt_dir / PREVIOUS
 
     def checkpoint(self) -> Path:
-        """Collective: rank 0 writes model, optimizer, step and every rank's slice positions
+        """Collective: rank 0 writes the trainer's state, step and every rank's slice positions
         atomically, then commits those positions to the stream (commits follow the checkpoint)."""
         mine = [(s.partition, s.lo, s.hi, int(o)) for s, o in self.positions.items()]
         everyone = [row for rows in self._gather(mine) for row in rows]
+        self._checkpointed = everyone
         if self.rank == 0:
-            self.write_checkpoint({"model": self.module.state_dict(), "optim": self.optim.state_dict(),
-                                   "steps": self.steps, "generation": self.generation, "world_size": self.world,
-                                   "group": self.group, "slices": everyone})
+            self.write_checkpoint({**self.trainer.state_dict(), "steps": self.steps, "generation": self.generation,
+                                   "world_size": self.world, "group": self.group, "slices": everyone,
+                                   "last_step_t": self.last_step_t, "trainer_class": type(self.trainer).__qualname__})
             commits: dict[str, dict[int, int]] = {}
             for p, lo, hi, pos in everyone:
                 commits[self._group(Slice(p, lo, hi))] = {p: pos}
@@ -304,33 +391,60 @@ class Worker:
         self._newest_good = True
 
     def restore(self, committed: dict[Slice, int]) -> list[tuple]:
+        """Collective: take the newest state any rank holds in memory (a warm generation
+        change: :func:`~kale_airflow.runtime.elastic.choose_source`), else the checkpoint
+        rank 0 reads; returns the checkpointed slice positions of that state."""
+        r = self.replica
+        members = self._gather((r.has_state, r.steps if r.has_state else -1))
+        src = choose_source(members)
+        if src is None:
+            return self._restore_checkpoint(committed)
+        mine = {"trainer": self.trainer.state_dict(), "steps": r.steps, "slices": r.slices,
+                "generation": r.generation, "world_size": r.world, "last_step_t": r.last_step_t}
+        state = broadcast_state(mine if self.rank == src else None, src, self.rank, self._comm_device)
+        if self.rank != src:
+            self.trainer.load_state_dict(state["trainer"])
+        self._took(state, src, WARM, f"memory (rank {src})")
+        log.info("took the state of step %d from rank %d's memory (warm: generation %s of %s rank(s) -> %s of %d)",  # pragma: no mutate
+                 self.steps, src, state["generation"], state["world_size"], self.generation, self.world)  # pragma: no mutate
+        return [tuple(row) for row in state["slices"]]
+
+    def _took(self, state: dict, src: int, kind: str, where: str) -> None:
+        self.steps = self.restored_step = int(state["steps"])
+        self.restored = {k: state.get(k) for k in ("generation", "world_size", "last_step_t")}
+        self.last_step_t = state.get("last_step_t")
+        self.source, self.kind, self.restored_from = src, kind, where
+
+    def _restore_checkpoint(self, committed: dict[Slice, int]) -> list[tuple]:
         """Collective: rank 0 loads the newest readable checkpoint (``model.pt``, else
         ``model.prev.pt``) and broadcasts it; returns its slice positions. When none can be read
         and the stream's commits show the job has trained (any rank's slice past 0), raises
         :class:`CheckpointError` unless ``allow_fresh_model``."""
-        found = self._load_checkpoint() if self.rank == 0 else None
-        state, used, tried = self._broadcast(found)
+        state, used, tried = self._load_checkpoint() if self.rank == 0 else (None, None, [])
+        found, used, tried = self._broadcast((state is not None, used, tried))
         trained = self._all_sum([float(any(v > 0 for v in committed.values()))])[0] > 0
-        if state is None:
+        if not found:
             self._no_checkpoint(tried, trained, committed)
             return []
-        self.module.load_state_dict(state["model"])
-        self.optim.load_state_dict(state["optim"])
-        self.steps = self.restored_step = state["steps"]
-        self.restored_from = used
+        keys = list(self.trainer.state_dict())
+        payload = None if state is None else {"trainer": {k: state[k] for k in keys},
+                                              **{k: v for k, v in state.items() if k not in keys}}
+        payload = broadcast_state(payload, 0, self.rank, self._comm_device)
+        self.trainer.load_state_dict(payload["trainer"])
+        self._took(payload, 0, RESTART, used)
         self.fallback = used != str(self.checkpoint_path)
         # pragma: no mutate start
         log.info("restored %s (step %d, generation %s, world size %s)", Path(used).name, self.steps,
-                 state.get("generation"), state.get("world_size"))
+                 payload.get("generation"), payload.get("world_size"))
         if self.fallback:
             log.warning("checkpoint %s cannot be used (%s); restored the previous one, %s (step %d): its positions "
                         "are earlier than the stream's commits, so the samples since are trained again (none is "
                         "skipped); the next checkpoint replaces %s", tried[0][0], tried[0][1], used, self.steps,
                         CHECKPOINT)
         # pragma: no mutate end
-        if state.get("group", self.group) != self.group:  # positions of another consumer group: not ours
+        if payload.get("group", self.group) != self.group:  # positions of another consumer group: not ours
             return []
-        return [tuple(row) for row in state.get("slices", [])]
+        return [tuple(row) for row in payload.get("slices", [])]
 
     def _load_checkpoint(self) -> tuple[dict | None, str | None, list[tuple[str, str]]]:
         """Rank 0: (state, path, [(path, why not)] of the files passed over), the newest
@@ -360,15 +474,8 @@ class Worker:
         return None, None, tried
 
     def _state_problem(self, state) -> str | None:
-        """Why a loaded file is not a checkpoint of this model (None when it is)."""
-        if not isinstance(state, dict) or any(k not in state for k in CHECKPOINT_KEYS):
-            keys = sorted(map(str, state))[:6] if isinstance(state, dict) else type(state).__name__
-            return f"not a kale-airflow checkpoint (needs {', '.join(CHECKPOINT_KEYS)}; found {keys})"
-        mine, theirs = self.module.state_dict(), state["model"]
-        if not isinstance(theirs, dict) or set(theirs) != set(mine) or any(
-                tuple(getattr(theirs[k], "shape", ())) != tuple(v.shape) for k, v in mine.items()):
-            return "a checkpoint of another model (its parameter names or shapes differ)"
-        return None
+        """Why a loaded file is not a checkpoint of this trainer's model (None when it is)."""
+        return state_problem(self.trainer.state_dict(), state)
 
     def _no_checkpoint(self, tried: list, trained: bool, committed: dict[Slice, int]) -> None:  # pragma: no mutate block
         """No checkpoint could be read: refuse when the job has trained, else start a new model."""
@@ -431,41 +538,38 @@ class Worker:
 
     # ---------------------------------------------------------------- training
     def _read(self) -> tuple[list, dict, list, int]:
-        """This rank's share of the next global batch: (sample arrays, new positions, audit rows, records read)."""
-        from kale_airflow.runtime.samples import unpack
-
+        """This rank's share of the next global batch: (payloads of its slices, new positions,
+        audit rows, records read)."""
         per = max(1, self.batch_size // max(1, len(self.slices)))
-        parts, new_pos, audit, read, dry = [], {}, [], 0, []
+        payloads, new_pos, audit, read, dry = [], {}, [], 0, []
         for s in self.slices:
             pos = self.positions[s]
             want = int(math.ceil(per / max(s.hi - s.lo, 1e-3)))
-            offsets, payloads = self.stream.read_payloads(s.partition, pos, want)  # no object per sample
-            if not payloads:
+            offsets, got = self.stream.read_payloads(s.partition, pos, want)  # no object per sample
+            if not got:
                 dry.append(s)
                 continue
-            read += len(payloads)
-            samples, bad = unpack(payloads, s.mask(offsets))
-            self.malformed += bad
-            parts.append(samples)
+            read += len(got)
+            keep = s.mask(offsets)
+            mine = got if keep.all() else list(compress(got, keep.tolist()))
+            payloads.extend(mine)
             new_pos[s] = int(offsets[-1]) + 1
-            audit.append((s, pos, int(offsets[-1]) + 1, len(samples)))
+            audit.append((s, pos, int(offsets[-1]) + 1, len(mine)))
         # A slice with nothing to read may be past the end of a log that was emptied under it.
         if dry and time.monotonic() - self._checked_at >= POSITION_CHECK_S:
             self._checked_at = time.monotonic()
             self.check_positions(slices=dry)
-        return parts, new_pos, audit, read
+        return payloads, new_pos, audit, read
 
     def step(self, stop: bool = False) -> tuple[int, int, bool]:  # pragma: no mutate block
         """One synchronized step (collective: every rank calls it the same number of times).
 
         Returns (samples this rank trained, samples the job trained, stop agreed by any rank)."""
-        from kale_airflow.runtime.samples import DTYPE
-
         t0 = time.perf_counter()
-        malformed_before = self.malformed
-        parts, new_pos, audit, read = ([], {}, [], 0) if stop else self._read()
-        data = np.concatenate(parts) if parts else np.zeros(0, dtype=DTYPE)
-        n = len(data)
+        payloads, new_pos, audit, read = ([], {}, [], 0) if stop else self._read()
+        batch = self.trainer.decode(payloads) if payloads else Decoded(None, 0, 0)
+        self.malformed += batch.malformed
+        n = batch.samples
         total, stops, dry, reads = self._all_sum([n, float(stop), float(n == 0), read])
         total = int(total)
         self._dry = self._dry or dry > 0
@@ -475,44 +579,27 @@ class Worker:
         self.positions.update(new_pos)  # reads of malformed samples only still advance
         if not total:
             return 0, 0, False
-        weight = 1.0
-        if not n:  # this rank ran dry: one dummy sample with weight 0 keeps it in the all-reduce
-            data, weight = np.zeros(1, dtype=DTYPE), 0.0
-        losses = self.train_batch(data, weight, total)
+        loss = self.train_batch(batch.batch if n else self.trainer.padding(), 1.0 if n else 0.0, total)
         if n:
-            self.last_loss = float(losses.mean().item())
+            self._last_loss = loss
         if self.step_time_s and n:  # demo emulation of an accelerator's step time on CPU (labelled as such)
             time.sleep(max(0.0, self.step_time_s * n / self.batch_size - (time.perf_counter() - t0)))
         self.steps += 1
         self.trained += n
+        self.last_step_t = time.time()
         self._write_audit(audit, t0)
-        exposition.observe_step(n, time.perf_counter() - t0, malformed=self.malformed - malformed_before)
+        exposition.observe_step(n, time.perf_counter() - t0, malformed=batch.malformed)
         if self._window_start is None:
             self._window_start = t0
         self._window_samples += total
         return n, total, False
 
-    def train_batch(self, data: np.ndarray, weight: float = 1.0, total: int | None = None):  # pragma: no mutate block
-        """Forward, backward and optimizer step on this rank's samples; returns the per-sample losses.
-        On CUDA the batch goes through pinned host memory with asynchronous copies, and the forward
-        pass runs under bf16 autocast when ``amp`` is on."""
-        import contextlib
-
-        import torch
-
-        from kale_airflow.runtime.model import to_tensors
-
-        tensors = to_tensors(data)
-        if self.device.type == "cuda":
-            tensors = tuple(t.pin_memory().to(self.device, non_blocking=True) for t in tensors)
-        user, item, dense, label = tensors
-        self.optim.zero_grad()
-        with torch.autocast("cuda", dtype=torch.bfloat16) if self.amp else contextlib.nullcontext():
-            losses = self.loss_fn(self.model(user, item, dense), label)
-        # sum / global count * world: DDP's average of these gradients is the global batch's mean gradient
-        (losses.sum() * (weight * self.world / (total or len(data)))).backward()
-        self.optim.step()
-        return losses
+    def train_batch(self, batch, weight: float = 1.0, total: int | None = None):
+        """The trainer's step on this rank's batch, scaled so DDP's gradient average is the
+        global batch's mean gradient (``total``: the global batch's samples; default this
+        batch's); returns the trainer's mean loss."""
+        return self.trainer.train_step(self.model, self.optim, batch,
+                                       step_scale(weight, self.world, total or len(batch)))
 
     _window_start: float | None = None
     _window_samples: int = 0
@@ -565,102 +652,316 @@ class Worker:
         return current is not None and current != self.generation
 
     def run(self, max_steps: int | None = None, idle_sleep: float = 0.2, report_every_s: float = 5.0,
-            exit_when_idle: bool = False) -> dict:  # pragma: no mutate block
+            exit_when_idle: bool = False, poll_s: float = GENERATION_POLL_S, final_state="stopped",
+            close_link: bool = True, on_first_step=None, await_added_s: float = 0.0) -> dict:  # pragma: no mutate block
         """Train until stopped (SIGTERM on any rank, superseded, ``max_steps`` more steps, or idle when asked);
-        every decision to stop is agreed in a step's all-reduce, so all ranks stop together."""
-        last_report = time.monotonic()
-        stop_next = False
+        every decision to stop is agreed in a step's all-reduce, so all ranks stop together. Rank 0 looks
+        for a newer generation every ``poll_s``. ``final_state``: the heartbeat written after the last
+        checkpoint (or a function of the summary returning it); ``on_first_step(end time)``: called once,
+        after this generation's first step; ``await_added_s``: for a larger generation, keep training up
+        to this long until its added slots report ready (:func:`~kale_airflow.runtime.elastic.added_ready`)."""
         first = self.steps
         # A job that joined late (slow start, rendezvous) may already be superseded: train nothing.
         stop_next = self.rank == 0 and self.superseded(required=True)
         if stop_next:
             log.info("generation %s superseded: stopping every rank at the first step", self.generation)
         self._seen("running")
+        last_report = last_poll = time.monotonic()
+        reached = idle_exit = False
         while True:
             if max_steps is not None and self.steps - first >= max_steps:
+                reached = True
                 break  # the step counter is the same on every rank
             n, total, stop = self.step(stop=stop_next or bool(_signalled))
+            if on_first_step is not None:
+                on_first_step(time.time())
+                on_first_step = None
             if stop:
                 break
             if total and self.steps % self.checkpoint_every == 0:
                 self.checkpoint()
             if self.idle:
                 if exit_when_idle:
+                    idle_exit = True
                     break  # every rank saw the same all-reduced count
                 time.sleep(idle_sleep)
-            if time.monotonic() - last_report >= report_every_s:
+            now = time.monotonic()
+            if now - last_report >= report_every_s:
                 self._report()
                 self._seen("running")
-                last_report = time.monotonic()
-                if self.rank == 0 and self.superseded():
-                    log.info("generation %s superseded: stopping every rank at the next step", self.generation)
-                    stop_next = True
+                last_report = now
+            if self.rank == 0 and not stop_next and now - last_poll >= poll_s:
+                last_poll = now
+                stop_next = self._stop_for_newer(await_added_s)
+        return self._finish(stop_reason(bool(_signalled), reached, idle_exit), final_state, close_link)
+
+    def _stop_for_newer(self, await_added_s: float) -> bool:  # pragma: no mutate block
+        """Rank 0: whether to stop at the next step for a newer generation (once its added slots are ready)."""
+        if not self.superseded():
+            return False
+        if await_added_s > 0:
+            current = self.link.current()
+            if self._superseded_at is None:
+                self._superseded_at = time.monotonic()
+            waited = time.monotonic() - self._superseded_at
+            gen = (current or {}).get("generation")
+            if not added_ready(self.world, current, self.link.seen(gen) if gen else None, waited, await_added_s):
+                return False
+        log.info("generation %s superseded: stopping every rank at the next step", self.generation)
+        return True
+
+    _superseded_at: float | None = None
+
+    def _finish(self, reason: str, final_state, close_link: bool) -> dict:  # pragma: no mutate block
+        """The generation's last checkpoint, the replica kept, the final heartbeat."""
         path = self.checkpoint()
         if self.distributed:
             import torch.distributed as dist
 
             dist.barrier()  # nobody says "stopped" before rank 0's checkpoint and commits are written
-        # After the checkpoint: the next generation may take over these slices. Retried: a handover waits on it.
-        if not self._seen("stopped", wait_s=STOPPED_WAIT_S):
-            log.error("cannot record this worker's 'stopped' heartbeat (control-plane database unreachable): "  # pragma: no mutate
-                      "the next generation's handover waits until its last heartbeat is stale")
-        if self.link is not None:
-            self.link.close(timeout_s=0.0)  # the heartbeat's wait above flushed everything, or the outage goes on
+        self._keep()
         summary = {"steps": self.steps, "trained": self.trained, "malformed": self.malformed,
                    "checkpoint": str(path), "restored_from": self.restored_from, "rank": self.rank,
-                   "world_size": self.world}
+                   "world_size": self.world, "reason": reason, "generation": self.generation}
+        state = final_state(summary) if callable(final_state) else final_state
+        # After the checkpoint: the next generation may take over these slices. Retried: a handover waits on it.
+        if not self._seen(state, wait_s=STOPPED_WAIT_S):
+            log.error("cannot record this worker's %r heartbeat (control-plane database unreachable): "  # pragma: no mutate
+                      "the next generation's handover waits until its last heartbeat is stale", state)
+        if self.link is not None and close_link:
+            self.link.close(timeout_s=0.0)  # the heartbeat's wait above flushed everything, or the outage goes on
         log.info("stopped: %s", summary)
         return summary
 
+    def _keep(self) -> None:
+        """What the process keeps of this generation for the next one: the step, the positions
+        of the checkpoint just written, when the last step ended."""
+        r = self.replica
+        r.steps, r.slices, r.last_step_t = self.steps, list(self._checkpointed or []), self.last_step_t
+        r.generation, r.world, r.newest_good = self.generation, self.world, self._newest_good
 
-# ------------------------------------------------------------------ rendezvous
-def rendezvous(address: str | None, rank: int, world: int, generation: str, control=None,
-               timeout_s: float = 600.0, device: str = "auto"):  # pragma: no mutate block
-    """Join the generation's process group (NCCL when this rank trains on CUDA, else gloo);
-    returns the backend name (None: no group)."""
-    import datetime
 
-    import torch.distributed as dist
+def build_replica(trainer, device: str, rank: int, amp: bool = False, seed: int = 0, lr: float = 0.01) -> Replica:
+    """A process's :class:`~kale_airflow.runtime.elastic.Replica`: the trainer (an object, a
+    ``module:attr`` name, or None for the CTR model) built on the rank's device."""
+    import torch
 
-    if not address:
-        if world > 1:
-            raise SystemExit("a job of more than one worker needs --rendezvous HOST:PORT (or control-plane:PORT)")
-        return None
-    host, _, port_text = address.rpartition(":")
-    port = int(port_text or DEFAULT_PORT)
-    backend = "nccl" if select_device(device, rank).type == "cuda" else "gloo"
-    deadline = time.monotonic() + timeout_s
-    key = RENDEZVOUS_KEY.format(generation=generation)
-    while True:
-        if host == CONTROL_PLANE:  # Kubernetes: rank 0's pod IP, published in the control-plane database
-            if control is None:
-                raise SystemExit("--rendezvous control-plane needs the control-plane database (KALE_DATABASE_URL)")
-            if rank == 0:  # ``control``: the worker's ControlPlane (retried up to its deadline)
-                own = os.environ.get("KALE_POD_IP") or socket.gethostbyname(socket.gethostname())
-                rec = {"host": own, "port": port, "t": time.time()}
-                control.required(lambda st, _m, rec=rec: st.set_value(key, rec), "publish the rendezvous address")
-                target = own
-            else:
-                rec = control.required(lambda st, _m: st.get_value(key), "read the rendezvous address")
-                target = rec["host"] if rec else None
-                port = rec["port"] if rec else port
-        else:
-            target = host
-        if target is not None:
-            try:
-                store = dist.TCPStore(target, port, world, is_master=rank == 0,
-                                      timeout=datetime.timedelta(seconds=60 if rank == 0 else 15),
-                                      wait_for_workers=False)
-                dist.init_process_group(backend, store=store, rank=rank, world_size=world,
-                                        timeout=datetime.timedelta(seconds=120))
-                return backend
-            except Exception as exc:  # noqa: BLE001 - rank 0 not up yet, or a stale address: retry
-                if time.monotonic() > deadline or _signalled:
-                    raise
-                log.info("rendezvous at %s:%d not ready (%s); retrying", target, port, exc)
-        if time.monotonic() > deadline or _signalled:
-            raise SystemExit(f"rank {rank}: no rendezvous for generation {generation} within {timeout_s:g} s")
-        time.sleep(1.0)
+    dev = select_device(device, rank)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    made = trainer if trainer is not None and not isinstance(trainer, str) else load_trainer(trainer, lr=lr)
+    return Replica.build(made, dev, amp=amp, seed=seed)
+
+
+# ------------------------------------------------------------------ the process
+class Job:
+    """A rank process: one generation (without ``--warm-wait``), or one after another for as
+    long as the deployment has room for its slot (see :mod:`~kale_airflow.runtime.elastic`)."""
+
+    def __init__(self, args, link: ControlPlane | None):  # pragma: no mutate block
+        from kale_airflow.stream import open_stream
+
+        self.args, self.link, self.slot = args, link, args.worker_id
+        self.warm = args.warm_wait > 0 and not args.profiling
+        if self.warm and (link is None or not args.rendezvous):
+            raise SystemExit("warm ranks (--warm-wait) read their generations from the control-plane database and "
+                             "meet at a rendezvous: set KALE_DATABASE_URL and --rendezvous, or --warm-wait 0")
+        self.stream = open_stream(args.stream)
+        self.replica = build_replica(args.trainer, args.device, self.slot, args.amp)
+        self.rdzv = (Rendezvous(args.rendezvous, self.slot, link, signalled=lambda: bool(_signalled))
+                     if args.rendezvous else None)
+        self.generation: str | None = None  # the generation this process is in (or trained last)
+        self.next = LEAVE  # what the last stop decided: WAIT for the next generation, or LEAVE
+        self.serving = False
+
+    def serve(self) -> int:
+        """Train generations until this slot leaves; the process's exit code."""
+        target = self.first_target()
+        while target is not None:
+            summary = self.train(*target)
+            if summary is None or summary["reason"] != "stopped" or self.next != WAIT:
+                return 0
+            target = self.await_target(after=target[0])
+        return 0
+
+    def first_target(self) -> tuple[str, dict] | None:  # pragma: no mutate block
+        """Without ``--warm-wait``: the command's generation and assignment; else what the control plane names."""
+        if not self.warm:
+            text = self.args.assignment
+            if text is None:
+                raise SystemExit("--assignment is needed without --warm-wait (warm ranks read it from the "
+                                 "control-plane database)")
+            doc = json.loads(Path(text).read_text() if not text.lstrip().startswith("{") else text)
+            return self.args.generation or "0", doc
+        return self.await_target(after=None)
+
+    def await_target(self, after: str | None) -> tuple[str, dict] | None:
+        """Wait (up to ``--warm-wait``) until the control plane's current generation has an
+        assignment with room for this slot: (generation, assignment); None when the slot is left
+        out (scale-down), the wait runs out, or the process is signalled."""
+        started = beat = time.monotonic()
+        ready = None
+        while True:
+            current = self.link.current()
+            action = next_action(self.slot, after, current)
+            gen = (current or {}).get("generation")
+            if after is None and action != LEAVE and gen not in (None, ready):
+                self.link.heartbeat(gen, self.slot, "ready")  # the generation's old ranks train on until then
+                ready = gen
+            if action == JOIN:
+                return current["generation"], {"assignment": current["assignment"]}
+            if action == LEAVE or _signalled or time.monotonic() - started > self.args.warm_wait:
+                self._leave(after, current, action)
+                return None
+            waited = time.monotonic() - started
+            if waited > OFFLOAD_AFTER_S:
+                self.replica.offload()  # a rank that waits holds no GPU memory (CUDA only)
+            if after is not None and time.monotonic() - beat >= WARM_BEAT_S:
+                self.link.heartbeat(after, self.slot, "warm")  # fresh: the next pods know this slot lives
+                beat = time.monotonic()
+            time.sleep(0.05)
+
+    def _leave(self, after: str | None, current: dict | None, action: str) -> None:  # pragma: no mutate block
+        gen = (current or {}).get("generation")
+        if action == LEAVE:
+            log.info("generation %s has no room for slot %d (%s worker(s)): leaving", gen, self.slot,
+                     (current or {}).get("workers"))
+        elif not _signalled:
+            log.warning("no generation with room for slot %d within --warm-wait %g s (current: %s, assigned: %s): "
+                        "leaving; the next generation starts it again from the checkpoint (a full restart)",
+                        self.slot, self.args.warm_wait, gen, (current or {}).get("assignment") is not None)
+        if after is not None:
+            self.link.heartbeat(after, self.slot, "stopped", wait_s=STOPPED_WAIT_S)
+
+    def final_state(self, summary: dict) -> str:
+        """The heartbeat after a generation's last checkpoint: ``warm`` when this slot waits for
+        the next generation, else ``stopped`` (decided here, so the next generation's pods know)."""
+        self.next = LEAVE
+        if self.warm and summary["reason"] == "stopped":
+            action = next_action(self.slot, summary["generation"], self.link.current())
+            current = self.link.current_generation()
+            self.next = WAIT if action != LEAVE and current not in (None, summary["generation"]) else LEAVE
+        return "warm" if self.next == WAIT else "stopped"
+
+    def train(self, generation: str, assignment: dict) -> dict | None:
+        """Meet the generation's other ranks, take the newest state, train until stopped; the
+        run's summary (None: the meeting was abandoned for a newer generation, or this slot is
+        another process's)."""
+        args = self.args
+        total = (args.workers_total if not self.warm and args.workers_total else
+                 len(assignment.get("assignment", assignment)))
+        decided = self._decided(generation)
+        try:
+            verdict = self._meet(generation, total)
+        except DuplicateSlot as exc:
+            log.warning("%s: leaving (the other process trains this slot)", exc)
+            return None
+        if verdict == TIMEOUT:
+            raise RendezvousTimeout(f"the {total} rank(s) of generation {generation} did not all meet within "
+                                    f"{self._wait_s():g} s")
+        if verdict != GO:
+            log.info("generation %s was superseded before its ranks met: on to the next one", generation)
+            return {"reason": "stopped", "generation": generation}
+        self.generation = generation
+        try:
+            summary = self._run_generation(generation, total, assignment, decided)
+        finally:
+            Rendezvous.leave()
+        return summary
+
+    def _wait_s(self) -> float:
+        return self.args.warm_wait if self.warm else 600.0
+
+    def _meet(self, generation: str, world: int) -> str:  # pragma: no mutate block
+        if self.rdzv is None:
+            if world > 1:
+                raise SystemExit("a job of more than one worker needs --rendezvous HOST:PORT (or control-plane:PORT)")
+            return GO
+        self.next = WAIT  # abandoned: the serve loop waits for the newer generation
+        backend = "nccl" if self.replica.device.type == "cuda" else "gloo"
+        link = self.link
+
+        def superseded() -> bool:
+            return link is not None and link.current_generation() not in (None, generation)
+
+        return self.rdzv.join(generation, world, backend, time.monotonic() + self._wait_s(), superseded)
+
+    def _decided(self, generation: str) -> float | None:
+        """When the decision naming ``generation`` was applied (None: unknown)."""
+        if self.link is None or self.link.current_generation() != generation:
+            return None
+        return (self.link.value("generation_meta") or {}).get("since")
+
+    def _run_generation(self, generation: str, total: int, assignment: dict, decided: float | None) -> dict:  # pragma: no mutate block
+        import torch
+        import torch.distributed
+
+        args = self.args
+        cores = threads_for(int(os.environ["KALE_WORKER_CORES"]), total) if os.environ.get("KALE_WORKER_CORES") else None
+        if cores:
+            torch.set_num_threads(cores)
+        slices = slices_for(assignment, self.slot)
+        worker = Worker(self.stream, args.group, slices, args.checkpoint_dir, self.slot, generation, total,
+                        args.batch_size, checkpoint_every=args.checkpoint_every, control=self.link, audit=args.audit,
+                        step_time_s=args.step_time, step_log=args.step_log, device=args.device, amp=args.amp,
+                        allow_fresh_model=args.allow_fresh_model, replica=self.replica)
+        self._identify(worker, generation, total)
+        log.info("joined a job of %d rank(s) (%s) on %s%s, generation %s as rank %d, %d slice(s), state from %s at "
+                 "step %d", total, torch.distributed.get_backend() if worker.distributed else "no process group",
+                 worker.device, " (bf16 autocast)" if worker.amp else "", generation, worker.rank, len(slices),
+                 worker.restored_from, worker.steps)
+        return worker.run(max_steps=args.max_steps, exit_when_idle=args.exit_when_idle,
+                          report_every_s=args.report_every, poll_s=args.generation_poll,
+                          final_state=self.final_state, close_link=False,
+                          on_first_step=lambda t: self.record_pause(worker, t, decided),
+                          await_added_s=args.await_added)
+
+    def _identify(self, worker: Worker, generation: str, total: int) -> None:  # pragma: no mutate block
+        if self.serving:
+            exposition.METRICS.identify(worker=self.slot, generation=generation, workers=total)
+            return
+        self.serving = True
+        try:  # /metrics on $KALE_METRICS_PORT, when set
+            exposition.serve(None, worker=self.slot, generation=generation, workers=total,
+                             restored=worker.kind == RESTART)
+        except OSError as exc:  # metrics are not worth stopping the training job for
+            log.warning("cannot serve /metrics on port %s (%s); training without it",
+                        os.environ.get("KALE_METRICS_PORT"), exc)
+
+    def record_pause(self, worker: Worker, first_step: float, decided: float | None) -> None:  # pragma: no mutate block
+        """Rank 0, after the generation's first step: how long training paused and how it came
+        back (``warm``: a rank's memory; ``restart``: the checkpoint), in the log and, in the
+        background, in the control plane (``rescale/<generation>`` and ``rescale_pauses``, or
+        ``restart/<generation>`` for a restart within a generation)."""
+        previous = worker.restored.get("generation")
+        if worker.rank != 0 or previous is None:
+            return  # a new model: nothing paused
+        reason = None if worker.kind == WARM else os.environ.get(START_REASON_ENV, "no rank held the state in memory")
+        rec = pause_record(worker.generation, worker.kind, decided, worker.restored.get("last_step_t"), first_step,
+                           worker.restored.get("world_size"), worker.world, worker.source, reason)
+        within = previous == worker.generation
+        log.info("%s %s: %s rank(s) -> %d, first step %s s after the decision, %s s after the last step (%s)",
+                 "restarted" if within else "rescaled", worker.generation, rec["from_world"], worker.world,
+                 rec["pause_s"], rec["gap_s"], worker.kind + (f": {reason}" if reason else ""))
+        if self.link is not None:
+            threading.Thread(target=self._write_pause, args=(rec, within), daemon=True).start()
+
+    def _write_pause(self, rec: dict, within: bool) -> None:  # pragma: no mutate block
+        def write(st, _metrics):
+            if st is None:
+                return
+            if within:
+                st.set_value(RESTART_KEY.format(generation=rec["generation"]), rec)
+                return
+            st.set_value(RESCALE_KEY.format(generation=rec["generation"]), rec)
+            if rec["pause_s"] is not None:
+                st.set_value(PAUSES_KEY, merge_pause(st.get_value(PAUSES_KEY), rec["generation"], rec["pause_s"],
+                                                     rec["kind"]))
+
+        try:
+            self.link.required(write, "record the rescale pause", deadline_s=30.0)
+        except Exception as exc:  # noqa: BLE001 - a record is not worth the job
+            log.warning("could not record the pause of generation %s (%s)", rec["generation"], exc)
 
 
 def build_arg_parser() -> argparse.ArgumentParser:  # pragma: no mutate block
@@ -669,13 +970,14 @@ def build_arg_parser() -> argparse.ArgumentParser:  # pragma: no mutate block
                                  description="Reference online-training job (one rank) for kale-airflow.")
     ap.add_argument("--stream", required=True, help="stream URL, e.g. sqlite:///path/stream.db")
     ap.add_argument("--group", default="kale", help="consumer group prefix")
-    ap.add_argument("--assignment", required=True, help="assignment JSON (file path or inline JSON)")
-    ap.add_argument("--worker-id", type=int, required=True, help="this process's rank")
+    ap.add_argument("--assignment", help="assignment JSON (file path or inline JSON); needed without --warm-wait")
+    ap.add_argument("--worker-id", type=int, required=True, help="this process's slot: its rank in every generation it trains")
     ap.add_argument("--workers-total", type=int, default=None, help="world size (default: from the assignment)")
     ap.add_argument("--rendezvous", default=os.environ.get("KALE_RENDEZVOUS"),
                     help="HOST:PORT of rank 0's TCPStore, or control-plane:PORT (rank 0 publishes its address "
                     "in the control-plane database); default $KALE_RENDEZVOUS")
-    ap.add_argument("--generation", default="0")
+    ap.add_argument("--generation", default=None, help="the generation to train (default 0; with --warm-wait the "
+                    "control plane's current one)")
     ap.add_argument("--checkpoint-dir", required=True)
     ap.add_argument("--batch-size", type=int, default=512, help="samples per rank and step (at most)")
     ap.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints (and commits)")
@@ -708,13 +1010,33 @@ def build_arg_parser() -> argparse.ArgumentParser:  # pragma: no mutate block
                     "supervisor (default $KALE_DATABASE_WAIT_S, else 300); once training, an outage never stops it")
     ap.add_argument("--max-steps", type=int, help="stop after this many steps of this process (tests, batch jobs)")
     ap.add_argument("--exit-when-idle", action="store_true", help="stop when no rank has data (batch jobs, tests)")
+    return _elastic_arguments(ap)
+
+
+def _elastic_arguments(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:  # pragma: no mutate block
+    """The model and the warm ranks' arguments."""
+    ap.add_argument("--trainer", default=os.environ.get("KALE_TRAINER"),
+                    help="the model: module:attribute of a kale_airflow.runtime.trainer.Trainer (or a class or "
+                    "function making one); default $KALE_TRAINER, else the reference CTR model")
+    ap.add_argument("--warm-wait", type=float, default=float(os.environ.get("KALE_WARM_WAIT_S", "0")),
+                    help="keep this process across generations: after a generation stops, wait up to this many "
+                    "seconds for the next one with room for this slot (and for its ranks to meet), then take the "
+                    "model from a surviving rank's memory; the generation and assignment then come from the "
+                    "control-plane database. 0 (default $KALE_WARM_WAIT_S, else 0): train one generation, exit")
+    ap.add_argument("--await-added", type=float, default=0.0,
+                    help="with --warm-wait, on rank 0: when a larger generation is named, keep training up to this "
+                    "many seconds until its added slots report ready (the local pool starts them at once); 0: stop "
+                    "at once")
+    ap.add_argument("--generation-poll", type=float, default=GENERATION_POLL_S,
+                    help="seconds between rank 0's reads of the current generation while training")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:  # pragma: no mutate block
     """Entry point; exits 0 after a clean stop, :data:`EXIT_REFUSED` (78) when the job must not
     start or go on (no readable checkpoint after training, positions outside the stream's log),
-    :data:`EXIT_DEPENDENCY` (75) when the control-plane database stayed unreachable at start."""
+    :data:`EXIT_DEPENDENCY` (75) when the control-plane database stayed unreachable at start,
+    :data:`EXIT_RENDEZVOUS` (69) when a generation's ranks did not all meet in time."""
     args = build_arg_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank {args.worker_id} %(message)s")
 
@@ -734,20 +1056,17 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no mutate block
     except ControlPlaneUnavailable as exc:
         log.error("%s", exc)
         return EXIT_DEPENDENCY
+    except RendezvousTimeout as exc:
+        log.error("%s: falling back to a full restart from the checkpoint (exit code %d)", exc, EXIT_RENDEZVOUS)
+        return EXIT_RENDEZVOUS
 
 
 def _run_job(args) -> int:  # pragma: no mutate block
-    """Open the control plane and the stream, join the job, train until stopped."""
+    """Open the control plane, then train generations (:class:`Job`)."""
     if os.environ.get("KALE_WORKER_THREADS"):
         import torch
 
         torch.set_num_threads(int(os.environ["KALE_WORKER_THREADS"]))
-    from kale_airflow.stream import open_stream
-
-    text = args.assignment
-    assignment = json.loads(Path(text).read_text() if not text.lstrip().startswith("{") else text)
-    slices = slices_for(assignment, args.worker_id)
-    total = args.workers_total or len(assignment.get("assignment", assignment))
     link = None
     url = args.database_url or os.environ.get("KALE_DATABASE_URL")
     if url:  # without one the job trains, but records nothing and never sees a newer generation
@@ -755,31 +1074,18 @@ def _run_job(args) -> int:  # pragma: no mutate block
         # deployment's workers), and no stopping when the deployment's generation changes.
         link = ControlPlane.for_url(url, heartbeats=not args.profiling, deadline_s=args.database_wait)
         link.open()
-    backend = rendezvous(args.rendezvous, args.worker_id, total, args.generation, link, device=args.device)
-    worker = Worker(open_stream(args.stream), args.group, slices, args.checkpoint_dir, args.worker_id,
-                    args.generation, total, args.batch_size, checkpoint_every=args.checkpoint_every,
-                    control=link, audit=args.audit, step_time_s=args.step_time, step_log=args.step_log,
-                    device=args.device, amp=args.amp, allow_fresh_model=args.allow_fresh_model)
-    try:  # /metrics on $KALE_METRICS_PORT, when set
-        exposition.serve(None, worker=args.worker_id, generation=args.generation, workers=total,
-                         restored=worker.restored_from is not None)
-    except OSError as exc:  # metrics are not worth stopping the training job for
-        log.warning("cannot serve /metrics on port %s (%s); training without it",
-                    os.environ.get("KALE_METRICS_PORT"), exc)
-    log.info("joined a job of %d rank(s) (%s) on %s%s, generation %s, %d slice(s), restored from %s at step %d",
-             total, backend or "no process group", worker.device, " (bf16 autocast)" if worker.amp else "",
-             args.generation, len(slices), worker.restored_from, worker.steps)
+    job = None
     try:
-        worker.run(max_steps=args.max_steps, exit_when_idle=args.exit_when_idle, report_every_s=args.report_every)
+        job = Job(args, link)
+        return job.serve()
     except Exception:
-        if link is not None:  # a pod has no supervisor to say so: no dead worker keeps saying "running"
-            link.heartbeat(args.generation, args.worker_id, "failed", wait_s=5.0)
+        gen = (job.generation if job is not None else None) or args.generation
+        if link is not None and gen:  # a pod has no supervisor to say so: no dead worker keeps saying "running"
+            link.heartbeat(gen, args.worker_id, "failed", wait_s=5.0)
         raise
-    if backend:
-        import torch.distributed as dist
-
-        dist.destroy_process_group()
-    return 0
+    finally:
+        if link is not None:
+            link.close(timeout_s=2.0)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,18 @@ class Stream(Protocol):
 
     def committed(self, group: str, partition: int) -> int: ...
 
+    def committed_many(self, pairs: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """:meth:`committed` of many (group, partition) pairs at once ({pair: next offset}, 0
+        where a group never committed): a fixed number of broker requests, not one per pair
+        (the autoscaler asks for every slice of a job at each poke)."""
+        ...
+
+    def timestamps_at(self, positions: list[tuple[int, int]]) -> dict[tuple[int, int], float | None]:
+        """Append time (epoch s) of the first record at or after each (partition, offset), as
+        ``read(partition, offset, 1)[0].ts`` would give it; None where there is no such record yet.
+        A fixed number of broker requests, not one per position."""
+        ...
+
     def end_offsets(self) -> dict[int, int]: ...
 
     def watermarks(self) -> dict[int, tuple[int, int]]:

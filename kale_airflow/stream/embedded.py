@@ -7,6 +7,7 @@ committed data survives a crash. Offsets per partition are dense from 0.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from pathlib import Path
@@ -112,6 +113,28 @@ class EmbeddedStream:
         row = self._db.execute("SELECT offset FROM commits WHERE grp = ? AND partition = ?",
                                (group, partition)).fetchone()
         return row[0] if row else 0
+
+    def committed_many(self, pairs: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """:meth:`committed` of many (group, partition) pairs in one query."""
+        pairs = [(str(g), int(p)) for g, p in pairs]
+        if not pairs:
+            return {}
+        groups = json.dumps(sorted({g for g, _ in pairs}))
+        found = {(g, p): o for g, p, o in self._db.execute(
+            "SELECT grp, partition, offset FROM commits WHERE grp IN (SELECT value FROM json_each(?))", (groups,))}
+        return {pair: found.get(pair, 0) for pair in pairs}
+
+    def timestamps_at(self, positions: list[tuple[int, int]]) -> dict[tuple[int, int], float | None]:
+        """Append time of the first record at or after each (partition, offset), None where there
+        is none: one query (an index lookup per position)."""
+        positions = [(int(p), int(o)) for p, o in positions]
+        if not positions:
+            return {}
+        rows = self._db.execute(
+            "SELECT json_extract(j.value, '$[0]'), json_extract(j.value, '$[1]'), (SELECT r.ts FROM records r "
+            "WHERE r.partition = json_extract(j.value, '$[0]') AND r.offset >= json_extract(j.value, '$[1]') "
+            "ORDER BY r.offset LIMIT 1) FROM json_each(?) j", (json.dumps(positions),)).fetchall()
+        return {(p, o): ts for p, o, ts in rows}
 
     def end_offsets(self) -> dict[int, int]:
         """Next offset to be written, per partition."""

@@ -27,6 +27,20 @@ Design (one process = one :class:`KafkaStream`):
   consumer per call. The end offset of a partition this process reads is also bounded below
   by what it has fetched. ``kale.arrivals: end-offsets`` counts arrivals from the end offsets
   the process observes over time instead of Kafka's time index (for brokers without one).
+- **Many slices at once** (the autoscaler's poke): librdkafka fetches the offsets of one
+  consumer group per OffsetFetch request (``list_consumer_group_offsets`` refuses more;
+  KIP-709's multi-group OffsetFetch is not exposed), and a job has one group per slice. So a
+  confirmed commit of a slice group ``{job}/p{p}:{lo}-{hi}`` is also written, with the slice
+  group as commit metadata, to a *job group*: ``{job}`` at partition p for a whole-partition
+  slice (one slice per partition: the group is the job's ordinary consumer group, whose lag
+  any Kafka tool shows), ``{job}/~{b}`` for a slice of a shared partition (b from its lower
+  bound, ``MIRROR_BUCKETS`` groups). ``committed_many`` then asks the job groups (at most
+  1 + ``MIRROR_BUCKETS`` requests, issued together, however many slices) and asks a slice's
+  own group only where the job group holds no entry for it or another slice's (metadata
+  differs). The job group is written after the slice commit is confirmed, so it is never
+  ahead of it and at most one commit behind. ``timestamps_at`` fetches the records at many
+  positions with one probe consumer (one Fetch per partition leader) and keeps the
+  timestamps it fetched, so a position inside what was fetched costs no request.
 - **Appends**: one idempotent producer (``linger.ms=5``): ``produce`` every payload, one
   ``flush`` per call.
 - **Positions outside the log** are never skipped over: ``auto.offset.reset`` is ``error``
@@ -39,7 +53,8 @@ Settings: ``kafka://HOST:PORT[,HOST:PORT]/TOPIC`` or ``airflow-conn://CONN_ID/TO
 Airflow Connection of type ``kafka``: host/port → ``bootstrap.servers``, login/password →
 SASL username/password, extra JSON → librdkafka settings), plus the environment variable
 ``KALE_KAFKA_CONFIG`` (a JSON object of librdkafka settings; keys prefixed ``producer.`` or
-``consumer.`` go to that client only; keys prefixed ``kale.`` are Kale's own: ``kale.arrivals``)
+``consumer.`` go to that client only; keys prefixed ``kale.`` are Kale's own: ``kale.arrivals``,
+``kale.mirror`` (false: no job groups; the autoscaler then asks every slice group))
 and ``KALE_KAFKA_SASL_USERNAME``/``KALE_KAFKA_SASL_PASSWORD`` (``sasl.username``/``sasl.password``,
 over both). A SASL username without a protocol or mechanism means SASL_SSL with PLAIN. Worker
 pods get these variables from a Secret (``secretKeyRef``; the chart's ``kafka.existingSecret``):
@@ -54,7 +69,9 @@ import bisect
 import contextlib
 import gc
 import json
+import logging
 import os
+import re
 import time
 import weakref
 from itertools import pairwise
@@ -63,7 +80,10 @@ from urllib.parse import urlparse
 
 import numpy as np
 
+from kale_airflow.core.slices import Slice
 from kale_airflow.stream.base import Record, StreamError, StreamPositionError
+
+log = logging.getLogger(__name__)
 
 _ERROR, _PARTITION, _OFFSET, _VALUE, _TIMESTAMP = (methodcaller(n) for n in ("error", "partition", "offset", "value",
                                                                              "timestamp"))
@@ -82,6 +102,56 @@ PRODUCER_DEFAULTS = {"enable.idempotence": True, "linger.ms": 5}
 # emptied or recreated) must fail the read, never jump silently to another offset.
 CONSUMER_DEFAULTS = {"group.id": "kale-reader", "enable.auto.commit": False, "enable.auto.offset.store": False,
                      "auto.offset.reset": "error", "enable.partition.eof": True, "fetch.wait.max.ms": 100}
+
+
+def parse_url(url: str) -> tuple[str, str, str]:
+    """``(scheme, brokers or connection id, topic)`` of a Kafka stream URL, or :class:`StreamError`
+    for one the stream refuses (credentials in it, no broker or no topic); reads nothing."""
+    u = urlparse(url)
+    topic = u.path.strip("/")
+    shown = f"{u.scheme}://{u.hostname or ''}{':' + str(u.port) if u.port else ''}{u.path}" if u.password or \
+        u.username else url
+    if u.username or u.password:
+        raise StreamError(f"credentials do not belong in a stream URL ({shown!r}, shown without them): URLs end "
+                          f"up in pod arguments and logs; use an Airflow Connection (airflow-conn://CONN_ID/TOPIC) "
+                          f"or {CONFIG_ENV}")
+    if u.scheme not in ("airflow-conn", "kafka") or not u.netloc or not topic:
+        raise StreamError(f"bad Kafka URL {shown!r}; use kafka://HOST:PORT[,HOST:PORT]/TOPIC or "
+                          "airflow-conn://CONN_ID/TOPIC")
+    return u.scheme, u.netloc, topic
+
+
+# The probe that fetches the records at many positions (timestamps_at) needs one record per
+# position: 1 KB per partition keeps a fetch of hundreds of partitions small (a larger first
+# batch makes librdkafka grow that partition's fetch size and fetch again), and no prefetch
+# (queued.min.messages 1, without the 1 s back-off that then holds a partition's next fetch,
+# even after a new assign). A position past its log fails, as reads do.
+PROBE_DEFAULTS = {**CONSUMER_DEFAULTS, "group.id": "kale-probe", "max.partition.fetch.bytes": 1024,
+                  "queued.min.messages": 1, "fetch.queue.backoff.ms": 0}
+MIRROR_BUCKETS = 8  # job groups for slices of shared partitions, by their lower bound
+_SLICE_GROUP = re.compile(r"(?P<job>.+)/p(?P<partition>\d+):(?P<lo>\d\.\d{6})-(?P<hi>\d\.\d{6})")
+
+
+def mirror_key(group: str) -> tuple[str, int, bool] | None:
+    """Where a slice group's commits are mirrored: (job group, partition, whole partition?);
+    None for a group not named ``{job}/{Slice.group_suffix}``. A whole-partition slice is the
+    only writer of ``{job}`` at its partition; slices of a shared partition share
+    ``{job}/~{bucket}`` groups, told apart by the commit metadata."""
+    m = _SLICE_GROUP.fullmatch(group)
+    if m is None:
+        return None
+    job, partition = m["job"], int(m["partition"])
+    if group == f"{job}/{Slice(partition).group_suffix}":
+        return job, partition, True
+    return f"{job}/~{min(int(float(m['lo']) * MIRROR_BUCKETS), MIRROR_BUCKETS - 1)}", partition, False
+
+
+def _flag(value) -> bool:
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+        return value.strip().lower() in ("true", "1", "yes", "on")
+    if isinstance(value, bool):
+        return value
+    raise StreamError(f"kale.mirror must be true or false, not {value!r}")
 
 
 def mask(config: dict) -> dict:
@@ -251,11 +321,36 @@ class _EndHistory:
         return {p: max(0.0, e + f * (ends[hi].get(p, e) - e)) for p, e in ends[lo].items()}
 
 
+class _Stamps:
+    """Timestamps (ms) of the records one probe fetched per partition, from the offset it
+    asked for on: offsets are immutable, so a position inside that run is answered without a
+    request (the positions of slow or idle slices move within it between pokes)."""
+
+    def __init__(self):
+        self.runs: dict[int, tuple[int, list[int], list[int]]] = {}  # partition -> (start, offsets, ms)
+
+    def put(self, partition: int, start: int, offsets: list[int], times: list[int]) -> None:
+        if offsets:
+            self.runs[partition] = (start, offsets, times)
+
+    def get(self, partition: int, offset: int) -> int | None:
+        """The ms of the first record at or after ``offset`` if the run holds it, else None."""
+        run = self.runs.get(partition)
+        if run is None or not run[0] <= offset <= run[1][-1]:
+            return None
+        return run[2][bisect.bisect_left(run[1], offset)]
+
+    def forget_beyond(self, ends: dict[int, int]) -> None:
+        """Drop runs that reach past a partition's end: the log was emptied or recreated."""
+        for p in [p for p, run in self.runs.items() if p in ends and run[1][-1] >= ends[p]]:
+            del self.runs[p]
+
+
 def _flush_at_exit(ref) -> None:
     stream = ref()
     if stream is not None:
         with contextlib.suppress(Exception):  # nothing to report to at exit
-            stream.wait_commits()
+            stream.flush_commits()
 
 
 class KafkaStream:
@@ -277,10 +372,11 @@ class KafkaStream:
             else:
                 common[k] = v
         self.config = {"bootstrap.servers": bootstrap, **common}
-        unknown = set(options) - {"arrivals"}
+        unknown = set(options) - {"arrivals", "mirror"}
         if unknown:
             raise StreamError(f"unknown Kale Kafka setting(s) {sorted('kale.' + k for k in unknown)}; "
-                              "the only one is kale.arrivals")
+                              "Kale's own are kale.arrivals and kale.mirror")
+        self.mirror = _flag(options.get("mirror", True))
         self.arrivals_from = options.get("arrivals", "timestamps")
         if self.arrivals_from not in ARRIVALS:
             raise StreamError(f"kale.arrivals must be one of {ARRIVALS}, not {self.arrivals_from!r}")
@@ -294,10 +390,16 @@ class KafkaStream:
         self._ck = client
         self._producer = None
         self._consumer = None
+        self._probe = None
         self._admin = None
         self._buffers: dict[int, _Buffer] = {}
-        self._pending: list = []  # (group, future) of commits sent and not yet confirmed
-        self.stats = {"assigns": 0, "seeks": 0, "fetches": 0, "commit_requests": 0}
+        self._pending: list = []  # (group, offsets, future) of commits sent and not yet confirmed
+        self._mirrors: list = []  # (job group, future) of job-group commits sent and not yet confirmed
+        self._stamps = _Stamps()
+        self._keeps_metadata: bool | None = None  # does the broker return commit metadata? (Tansu 0.6 does not)
+        # Requests this stream asked its clients for, by kind (a probe is one Fetch per leader).
+        self.stats = {"assigns": 0, "seeks": 0, "fetches": 0, "commit_requests": 0, "mirror_requests": 0,
+                      "offset_fetch_requests": 0, "list_offsets_requests": 0, "probes": 0}
         atexit.register(_flush_at_exit, weakref.ref(self))
 
     # ------------------------------------------------------------------ opening
@@ -305,21 +407,8 @@ class KafkaStream:
     def from_url(cls, url: str, **kwargs) -> KafkaStream:
         """``kafka://host:port[,host:port]/topic`` or ``airflow-conn://conn_id/topic``; librdkafka
         settings from the connection and from ``KALE_KAFKA_CONFIG`` (the environment wins)."""
-        u = urlparse(url)
-        topic = u.path.strip("/")
-        shown = f"{u.scheme}://{u.hostname or ''}{':' + str(u.port) if u.port else ''}{u.path}" if u.password or \
-            u.username else url
-        if u.username or u.password:
-            raise StreamError(f"credentials do not belong in a stream URL ({shown!r}, shown without them): URLs end "
-                              f"up in pod arguments and logs; use an Airflow Connection (airflow-conn://CONN_ID/TOPIC) "
-                              f"or {CONFIG_ENV}")
-        if u.scheme == "airflow-conn" and u.netloc and topic:
-            bootstrap, config = connection_config(u.netloc)
-        elif u.scheme == "kafka" and u.netloc and topic:
-            bootstrap, config = u.netloc, {}
-        else:
-            raise StreamError(f"bad Kafka URL {shown!r}; use kafka://HOST:PORT[,HOST:PORT]/TOPIC or "
-                              "airflow-conn://CONN_ID/TOPIC")
+        scheme, netloc, topic = parse_url(url)
+        bootstrap, config = connection_config(netloc) if scheme == "airflow-conn" else (netloc, {})
         config.update(env_config())
         bootstrap = config.pop("bootstrap.servers", bootstrap)
         return cls(bootstrap, topic, sasl_defaults(config), **kwargs)
@@ -367,13 +456,15 @@ class KafkaStream:
             raise StreamError(f"Kafka {what} failed on {self.bootstrap} (topic {self.topic!r}): {exc}") from None
 
     def close(self) -> None:
-        """Confirm pending commits, deliver pending appends, close the clients."""
-        self.wait_commits()
+        """Confirm pending commits (job groups included), deliver pending appends, close the clients."""
+        self.flush_commits()
         if self._producer is not None:
             self._producer.flush(self.timeout)
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
+        for name in ("_consumer", "_probe"):
+            client = getattr(self, name)
+            if client is not None:
+                client.close()
+                setattr(self, name, None)
         self._buffers.clear()
 
     # ----------------------------------------------------------------- metadata
@@ -390,6 +481,7 @@ class KafkaStream:
 
     def _list_offsets(self, spec_for) -> dict[int, int]:
         parts = self.partitions()
+        self.stats["list_offsets_requests"] += 1
         futures = self.admin.list_offsets({self._tp(p): spec_for() for p in parts}, request_timeout=self.timeout)
         return {tp.partition: self._result(f, "list_offsets").offset for tp, f in futures.items()}
 
@@ -403,7 +495,12 @@ class KafkaStream:
             if p in ends:
                 cached = self.consumer.get_watermark_offsets(self._tp(p), cached=True)[1]
                 ends[p] = max(ends[p], buf.next, cached)
+        if self._probe is not None:  # the high watermarks of the last probe's fetch responses
+            for p in self._stamps.runs:
+                if p in ends:
+                    ends[p] = max(ends[p], self._probe.get_watermark_offsets(self._tp(p), cached=True)[1])
         ends = dict(sorted(ends.items()))
+        self._stamps.forget_beyond(ends)
         self._ends_seen.add(time.time(), ends)
         return ends
 
@@ -648,6 +745,107 @@ class KafkaStream:
         self._settle(buf, offset, max_records)
         return out
 
+    # --------------------------------------------------------- record times
+    @property
+    def probe(self):
+        """The consumer that fetches the records at many positions at once (timestamps_at):
+        assigned for one fetch, then unassigned, so it never streams the topic into this process."""
+        if self._probe is None:
+            self._probe = self._client("Consumer", self._conf("consumer", PROBE_DEFAULTS))
+        return self._probe
+
+    def timestamps_at(self, positions: list[tuple[int, int]]) -> dict[tuple[int, int], float | None]:
+        """Append time of the first record at or after each (partition, offset); None where there
+        is none yet (or none arrived within ``read_wait_s``, as :meth:`read` would answer). Served
+        from what earlier probes fetched where that holds the position; the others in one probe
+        (one Fetch per partition leader), again for a partition whose positions lie further apart
+        than one fetch of it (the slices of one partition read nearby offsets)."""
+        out: dict[tuple[int, int], float | None] = {}
+        todo = list(dict.fromkeys((int(p), int(o)) for p, o in positions))
+        while todo:
+            misses = []
+            for p, o in todo:
+                ms = self._stamps.get(p, o)
+                if ms is not None:
+                    out[(p, o)] = ms / 1000.0
+                else:
+                    misses.append((p, o))
+            if not misses:
+                break
+            starts: dict[int, int] = {}
+            for p, o in misses:
+                starts[p] = min(o, starts.get(p, o))
+            ended = self._fetch_stamps(starts)
+            todo = []
+            for p, o in misses:
+                if self._stamps.get(p, o) is not None:
+                    out[(p, o)] = self._stamps.get(p, o) / 1000.0
+                elif p in ended or o == starts[p]:  # nothing at or after it now
+                    out[(p, o)] = None
+                else:
+                    todo.append((p, o))  # past what this probe fetched of the partition
+        return out
+
+    def _fetch_stamps(self, starts: dict[int, int]) -> set[int]:
+        """Fetch from each partition's offset in ``starts`` with the probe and keep the records'
+        timestamps; returns the partitions with nothing more to fetch now (the end of the log, or
+        no answer within ``read_wait_s``). Assigned for this fetch only, so the probe never
+        streams the topic; the cyclic GC is paused while batches are filed (see :meth:`_pump`)."""
+        c = self.probe
+        c.assign([self._tp(p, o) for p, o in starts.items()])
+        self.stats["probes"] += 1
+        got: dict[int, tuple[list[int], list[int]]] = {p: ([], []) for p in starts}
+        waiting, ended = set(starts), set()
+        deadline = time.monotonic() + self.read_wait_s
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            while waiting:
+                left = deadline - time.monotonic()
+                msgs = c.consume(self.fetch_batch, 0)
+                if not msgs:
+                    if left <= 0:
+                        ended |= waiting
+                        break
+                    first = c.poll(min(0.1, left))
+                    msgs = [first] if first is not None else []
+                waiting -= self._file_stamps(msgs, starts, got, ended)
+            self._file_stamps(c.consume(self.fetch_batch, 0), starts, got, ended)  # already here
+        finally:
+            c.unassign()
+            if enabled:
+                gc.enable()
+        for p, (offsets, times) in got.items():
+            self._stamps.put(p, starts[p], offsets, times)
+        return ended
+
+    def _file_stamps(self, msgs: list, starts: dict[int, int], got: dict, ended: set) -> set[int]:
+        """Add the offsets and timestamps of fetched records at or after their partition's start
+        (column-wise, as :meth:`_file`); mark partitions at their log's end in ``ended``; returns
+        the partitions that answered."""
+        if not msgs:
+            return set()
+        errors = list(map(_ERROR, msgs))
+        good = msgs if not any(errors) else [m for m, e in zip(msgs, errors) if e is None]
+        parts = list(map(_PARTITION, good))
+        for p, o, t in zip(parts, map(_OFFSET, good), map(_MS, map(_TIMESTAMP, good))):
+            run = got.get(p)
+            if run is not None and o >= starts[p] and (not run[0] or o > run[0][-1]):
+                run[0].append(o)
+                run[1].append(t)
+        answered = set(parts)
+        for m, err in zip(msgs, errors):
+            if err is None or m.partition() not in got:
+                continue
+            if err.code() == self._ck.KafkaError._PARTITION_EOF:
+                ended.add(m.partition())
+                answered.add(m.partition())
+            elif err.code() in (self._ck.KafkaError._AUTO_OFFSET_RESET, self._ck.KafkaError.OFFSET_OUT_OF_RANGE):
+                self._out_of_range(m.partition(), err)
+            elif err.fatal() or not err.retriable():
+                raise StreamError(f"Kafka read error on {self.topic!r}[{m.partition()}]: {err}")
+        return answered
+
     # ------------------------------------------------------------------ commits
     def _send(self, group: str, offsets: dict[int, int]):
         from confluent_kafka import ConsumerGroupTopicPartitions
@@ -662,9 +860,9 @@ class KafkaStream:
         waits for the first, so commits of one group never overtake each other."""
         if not offsets:
             return
-        if any(g == group for g, _ in self._pending):
+        if any(g == group for g, _, _ in self._pending):
             self.wait_commits()
-        self._pending.append((group, self._send(group, offsets)))
+        self._pending.append((group, dict(offsets), self._send(group, offsets)))
 
     def commit_many(self, offsets: dict[str, dict[int, int]]) -> None:
         """Commit several groups at once (requests in flight together) and wait for all."""
@@ -673,22 +871,120 @@ class KafkaStream:
         self.wait_commits()
 
     def wait_commits(self) -> None:
-        """Wait until every commit sent is confirmed; raise on the first failure."""
+        """Wait until every commit sent is confirmed; raise on the first failure. The confirmed
+        commits of slice groups are then sent on to their job groups (:func:`mirror_key`),
+        confirmed with the next ones or by :meth:`flush_commits`."""
         pending, self._pending = self._pending, []
-        for group, future in pending:
+        done: dict[str, dict[int, int]] = {}
+        for group, offsets, future in pending:
             res = self._result(future, f"commit of group {group!r}")
             bad = [tp for tp in getattr(res, "topic_partitions", None) or [] if tp.error is not None]
             if bad:
                 raise StreamError(f"Kafka commit of group {group!r} failed: {bad[0].error}")
+            done[group] = offsets
+        if done and self.mirror:
+            self._mirror(done)
 
-    def _group_offsets(self, group: str, partitions: list[int]) -> dict[int, int]:
+    def flush_commits(self) -> None:
+        """Wait for every commit sent, the job groups' included (close, exit)."""
+        self.wait_commits()
+        self._confirm_mirrors()
+
+    def _mirror(self, done: dict[str, dict[int, int]]) -> None:
+        """Write confirmed slice commits to their job groups: one request per job group, the
+        slice group as each entry's metadata (it names whose position the entry holds)."""
         from confluent_kafka import ConsumerGroupTopicPartitions
 
+        entries: dict[str, dict[int, tuple[int, str]]] = {}
+        for group, offsets in done.items():
+            key = mirror_key(group)
+            if key is not None and key[1] in offsets:
+                entries.setdefault(key[0], {})[key[1]] = (int(offsets[key[1]]), group)
+        if not entries:
+            return
+        self._confirm_mirrors()  # one job group's writes never overtake each other
+        for job, parts in entries.items():
+            if not self.mirror:
+                return
+            req = ConsumerGroupTopicPartitions(job, [self._ck.TopicPartition(self.topic, p, o, g)
+                                                     for p, (o, g) in sorted(parts.items())])
+            self.stats["mirror_requests"] += 1
+            self._mirrors.append((job, self.admin.alter_consumer_group_offsets([req],
+                                                                                request_timeout=self.timeout)[job]))
+
+    def _confirm_mirrors(self) -> None:
+        """Await the job-group writes. A failure is logged, not raised: the slice commits it
+        mirrors stand, and the next commit writes the job group again; a refused one (no ACL
+        for the job group) turns mirroring off for this process."""
+        mirrors, self._mirrors = self._mirrors, []
+        for job, future in mirrors:
+            try:
+                res = future.result(timeout=self.timeout)
+                errors = [tp.error for tp in getattr(res, "topic_partitions", None) or [] if tp.error is not None]
+            except Exception as exc:  # noqa: BLE001 - KafkaException, timeouts
+                errors = [exc]
+            if not errors:
+                continue
+            if "AUTHORIZATION" in str(errors[0]).upper():
+                self.mirror = False
+                log.error("cannot write job group %r (%s): mirroring is off for this process; the autoscaler "
+                          "asks every slice group instead (grant the job group, or set kale.mirror false)",
+                          job, errors[0])
+            else:
+                log.warning("job group %r not written (%s); the next commit writes it again", job, errors[0])
+
+    def _offsets_of(self, wanted: dict[str, list[int]]) -> dict[str, list]:
+        """Committed offsets (TopicPartitions, with their metadata) of several groups: one
+        OffsetFetch request per group, all in flight together."""
+        from confluent_kafka import ConsumerGroupTopicPartitions
+
+        futures = {}
+        for group, parts in wanted.items():
+            req = ConsumerGroupTopicPartitions(group, [self._tp(p) for p in sorted(set(parts))])
+            futures[group] = self.admin.list_consumer_group_offsets([req], request_timeout=self.timeout)[group]
+        self.stats["offset_fetch_requests"] += len(futures)
+        return {g: self._result(f, f"offsets of group {g!r}").topic_partitions for g, f in futures.items()}
+
+    def _group_offsets(self, group: str, partitions: list[int]) -> dict[int, int]:
         self.wait_commits()
-        req = ConsumerGroupTopicPartitions(group, [self._tp(p) for p in partitions])
-        res = self._result(self.admin.list_consumer_group_offsets([req], request_timeout=self.timeout)[group],
-                           f"offsets of group {group!r}")
-        return {tp.partition: max(0, tp.offset) for tp in res.topic_partitions}
+        return {tp.partition: max(0, tp.offset) for tp in self._offsets_of({group: partitions})[group]}
+
+    def committed_many(self, pairs: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """:meth:`committed` of many (group, partition) pairs: first the job groups that mirror
+        the slice groups (one request each, at most 1 + ``MIRROR_BUCKETS`` per job, in flight
+        together), then the own group of each slice its job group holds no entry for (none
+        mirrored yet, another slice's entry, ``kale.mirror`` off), also in flight together."""
+        pairs = list(dict.fromkeys((str(g), int(p)) for g, p in pairs))
+        self.flush_commits()
+        out = self._from_job_groups(pairs) if self.mirror else {}
+        rest: dict[str, list[int]] = {}
+        for g, p in pairs:
+            if (g, p) not in out:
+                rest.setdefault(g, []).append(p)
+        for g, tps in self._offsets_of(rest).items():
+            got = {tp.partition: max(0, tp.offset) for tp in tps}
+            out.update({(g, p): got.get(p, 0) for p in rest[g]})
+        return {pair: out[pair] for pair in pairs}
+
+    def _from_job_groups(self, pairs: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The pairs whose job group holds their own entry: the slice group as its metadata,
+        or no metadata at a whole partition's entry (only that slice writes it; brokers that
+        drop commit metadata, as Tansu 0.6 does)."""
+        keys = {pair: key for pair in pairs if (key := mirror_key(pair[0])) is not None and key[1] == pair[1]
+                and (key[2] or self._keeps_metadata is not False)}  # without metadata a shared entry says nothing
+        wanted: dict[str, list[int]] = {}
+        for job, p, _ in keys.values():
+            wanted.setdefault(job, []).append(p)
+        found = {(job, tp.partition): tp for job, tps in self._offsets_of(wanted).items() for tp in tps}
+        written = [bool(tp.metadata) for tp in found.values() if tp.offset >= 0]  # every entry is written with it
+        if written:
+            self._keeps_metadata = any(written)
+        out = {}
+        for pair, (job, p, whole) in keys.items():
+            tp = found.get((job, p))
+            if tp is not None and tp.offset >= 0 and (tp.metadata == pair[0] or (whole and not tp.metadata)):
+                out[pair] = tp.offset
+        return out
 
     def committed(self, group: str, partition: int) -> int:
         """Next offset to read (0 when the group never committed)."""

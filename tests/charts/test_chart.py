@@ -1,6 +1,8 @@
 """The Helm chart rendered by the real Helm engine (helm-python-sdk), linted, and every
 manifest validated strictly against the Kubernetes schema."""
 
+import re
+import textwrap
 from pathlib import Path
 
 import helm_python
@@ -8,9 +10,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from kale_airflow.runtime.kubernetes import KUBERNETES_API_CALLS
+from kale_airflow.runtime.kubernetes import KUBERNETES_API_CALLS, SAFE_TO_EVICT, WORKER_LABELS
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "kale-airflow"
+# Every release names its database Secret (the schema refuses one without: every pod reads it).
+DATABASE = {"database": {"existingSecret": "kale-db"}}
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 
 
@@ -20,16 +24,25 @@ def chart():
 
 
 def render(chart, values=None):
-    out = chart.render(values or {}, name="kale", namespace="airflow")
+    out = chart.render({**DATABASE, **(values or {})}, name="kale", namespace="airflow")
     return [d for path, text in out.items() if path.endswith(".yaml") for d in yaml.safe_load_all(text) if d], out
 
 
 def test_lint_has_no_errors():
-    assert helm_python.lint(str(CHART))["errors"] == []
+    assert helm_python.lint(str(CHART), DATABASE)["errors"] == []
+    # the chart's defaults alone are not a release: they name no database Secret
+    errors = helm_python.lint(str(CHART))["errors"]
+    assert errors and all("/database/existingSecret" in e and "/database/url" in e for e in errors)
 
 
 FULL = {"mlflow": {"enabled": True, "allowedHosts": ["mlflow.example.com"]}, "dags": {"configMap": True},
         "database": {"url": "postgresql+psycopg://kale:pw@db.kale:5432/kale"}}
+PODS = {"images": {"worker": {"repository": "reg.example.com:5000/ml/kale-worker", "tag": "0.1.0-cu128",
+                              "pullPolicy": "Always", "pullSecrets": ["regcred", "mirror-cred"]}},
+        "workerPods": {"priorityClassName": "gpu-training", "disruptionBudget": {"minAvailable": 3}},
+        "training": {"namespace": "ml-training", "createNamespace": True},
+        "checkpoints": {"storageClassName": "fast-rwx", "accessModes": ["ReadWriteMany", "ReadOnlyMany"]},
+        "metrics": {"exporter": {"enabled": True}}}
 KAFKA = {"kafka": {"existingSecret": "kale-kafka", "configKey": "librdkafka.json", "usernameKey": "username",
                    "passwordKey": "password"}}
 
@@ -38,9 +51,10 @@ KAFKA = {"kafka": {"existingSecret": "kale-kafka", "configKey": "librdkafka.json
                                                                         "checkpoints": {"create": False}},
                                     FULL, {"database": {"existingSecret": "airflow-metadata", "secretKey": "connection"}},
                                     {**FULL, "airflow": {"namespace": "kale-training", "workerServiceAccount": "w",
-                                                         "triggererServiceAccount": "t"}}, {**FULL, **KAFKA}],
+                                                         "triggererServiceAccount": "t"}}, {**FULL, **KAFKA},
+                                    {**FULL, **PODS}],
                          ids=["defaults", "with-mlflow", "no-dags-no-pvc", "everything-database-url", "existing-secret",
-                              "one-namespace", "kafka-secret"])
+                              "one-namespace", "kafka-secret", "images-namespace-pdb-storage"])
 @pytest.mark.parametrize("version", ["1.25.0", "1.37.0"])
 def test_every_manifest_validates_strictly(chart, values, version):
     docs, _ = render(chart, values)
@@ -58,12 +72,12 @@ def kale_config(docs):
 
 def test_config_ships_as_a_configmap_and_dags_do_not_by_default(chart):
     docs, notes = render(chart)
-    assert {d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"} == {"kale-config"}
+    assert {d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"} == {"kale-config", "kale-airflow-values"}
     dep = kale_config(docs)  # the chart's default config is a valid deployment
     assert dep.kubernetes.pool == "kale_gpu" and dep.kubernetes.deferrable and dep.kubernetes.schedule_timeout_s == 1800
     text = notes["kale-airflow/templates/NOTES.txt"]
     assert "KALE_CONFIG" in text and "baked into the Airflow image" in text and "git-sync" in text
-    assert "subPath" not in text
+    assert "kale-dags" not in text  # no subPath mount of DAG files
 
 
 def test_dags_configmap_is_mounted_file_by_file_with_subpath(chart):
@@ -114,10 +128,17 @@ def test_existing_secret_is_referenced_not_created(chart):
             "         secretKey: connection" in text)
 
 
-def test_no_database_value_warns_with_the_command(chart):
-    docs, notes = render(chart)
-    assert secrets(docs) == [] and kale_config(docs).kubernetes.database_secret == "kale-database"
-    assert "kubectl create secret generic kale-database -n kale-training" in notes["kale-airflow/templates/NOTES.txt"]
+def test_a_release_without_a_database_is_refused_naming_both_values(chart):
+    """Neither chart would create the Secret, and every Airflow pod (the official chart's
+    migration Job first) and worker pod reads it: the install must fail, not hang."""
+    for values in ({}, {"database": {"existingSecret": "", "url": ""}}, {"database": {"secretKey": "connection"}}):
+        with pytest.raises(helm_python.HelmValuesError) as err:
+            chart.validate_schema(values)
+        assert "/database/existingSecret" in str(err.value) and "/database/url" in str(err.value)
+        with pytest.raises(helm_python.HelmValuesError):
+            chart.render(values, name="kale", namespace="airflow")
+    chart.validate_schema({"database": {"url": "postgresql://kale@db/kale"}})
+    chart.validate_schema({"database": {"existingSecret": "kale-db"}})
 
 
 def test_notes_cover_the_airflow_components_and_the_pool(chart):
@@ -126,7 +147,47 @@ def test_notes_cover_the_airflow_components_and_the_pool(chart):
     text = notes["kale-airflow/templates/NOTES.txt"]
     assert "kubectl port-forward -n airflow svc/airflow-api-server 8080" in text and "http://localhost:8080/kale" in text
     assert "dagProcessor:\n       enabled: true" in text and "triggerer:\n       enabled: true" in text
-    assert 'airflow pools set a100 24 "Kale GPU worker pods" --include-deferred' in text
+    assert 'args: [airflow, pools, set, "a100", "24", "Kale GPU worker pods", --include-deferred]' in text
+    steps = [int(m) for m in re.findall(r"^(\d+)\. ", text, re.M)]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 8  # numbered in order
+    assert text.index("helm install airflow apache-airflow/airflow --version 1.18.0") < text.index("kale profile")
+
+
+def airflow_values(docs):
+    """The official chart's values, from ConfigMap kale-airflow-values (what NOTES tells to use)."""
+    cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "kale-airflow-values")
+    return yaml.safe_load(cm["data"]["values.yaml"])
+
+
+def test_notes_print_the_same_values_as_the_configmap_pinning_version_and_image(chart):
+    docs, notes = render(chart, {"images": {"airflow": {"repository": "reg.example.com/ml/airflow", "tag": "7.1"}}})
+    values = airflow_values(docs)
+    assert (values["airflowVersion"], values["defaultAirflowRepository"], values["defaultAirflowTag"]) == (
+        "3.3.2", "reg.example.com/ml/airflow", "7.1")
+    text = notes["kale-airflow/templates/NOTES.txt"]
+    block = text[text.index("     # For the official apache-airflow chart"):text.index("\n\n4. Database")]
+    assert yaml.safe_load(textwrap.dedent(block)) == values
+    assert "kubectl get configmap kale-airflow-values -n airflow -o jsonpath='{.data.values\\.yaml}'" in text
+    docs, _ = render(chart)
+    assert airflow_values(docs)["defaultAirflowTag"] == chart_app_version()  # empty tag: the chart's appVersion
+
+
+def chart_app_version():
+    return yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+
+
+def test_mlflow_uri_reaches_the_airflow_components_or_notes_warn(chart):
+    def env(values):
+        docs, notes = render(chart, values)
+        return ({e["name"]: e["value"] for e in airflow_values(docs)["env"]},
+                notes["kale-airflow/templates/NOTES.txt"])
+
+    found, _ = env({"mlflow": {"enabled": True}})
+    assert found["KALE_MLFLOW_URI"] == "http://kale-mlflow.airflow:5000"
+    found, _ = env({"mlflow": {"trackingUri": "https://mlflow.example.com"}})
+    assert found["KALE_MLFLOW_URI"] == "https://mlflow.example.com"
+    found, text = env({})
+    assert "KALE_MLFLOW_URI" not in found and "neither mlflow.enabled nor mlflow.trackingUri" in text
 
 
 def test_mlflow_accepts_its_service_names_as_host(chart):
@@ -184,15 +245,35 @@ def test_service_account_names_are_values(chart):
         ({"kafka": {"existingSecret": "kale-kafka", "password": "s3cret"}}, "password"),
         ({"config": {"stream_url": "kafka://k:9092/t", "worker_backend": "kubernetes",
                      "kubernetes": {"kafka_secret": "x"}}}, "kafka_secret"),
+        ({"config": {"stream_url": "kafka://k:9092/t", "worker_backend": "kubernetes",
+                     "kubernetes": {"image": "x:1"}}}, "image"),
+        ({"config": {"stream_url": "kafka://k:9092/t", "worker_backend": "kubernetes",
+                     "kubernetes": {"priority_class_name": "x"}}}, "priority_class_name"),
+        ({"images": {"worker": {"tag": "latest"}}}, "/images/worker/tag"),
+        ({"images": {"airflow": {"tag": "latest"}}}, "/images/airflow/tag"),
+        ({"images": {"worker": {"pullPolicy": "Sometimes"}}}, "/images/worker/pullPolicy"),
+        ({"images": {"worker": {"pullSecrets": ["Reg_Cred"]}}}, "/images/worker/pullSecrets/0"),
+        ({"images": {"worker": {"repository": "Registry/Worker"}}}, "/images/worker/repository"),
+        ({"airflow": {"version": "2.10.5"}}, "/airflow/version"),
+        ({"workerPods": {"priorityClassName": "High_Priority"}}, "/workerPods/priorityClassName"),
+        ({"workerPods": {"disruptionBudget": {"minAvailable": "50%"}}}, "/workerPods/disruptionBudget/minAvailable"),
+        ({"checkpoints": {"storageClass": "fast"}}, "storageClass"),
+        ({"checkpoints": {"storageClassName": "Fast_SSD"}}, "/checkpoints/storageClassName"),
+        ({"checkpoints": {"accessModes": ["ReadWriteSometimes"]}}, "/checkpoints/accessModes/0"),
+        ({"training": {"createNamespace": "yes"}}, "/training/createNamespace"),
+        ({"mlflow": {"trackingUri": "mlflow:5000"}}, "/mlflow/trackingUri"),
     ],
     ids=["namespace", "stream-url", "backend", "size", "typo", "url-and-existing-secret", "secret-name", "secret-key",
          "url-not-a-url", "database-secret-in-config", "schedule-timeout", "pool", "allowed-hosts-comma",
          "kafka-secret-without-keys", "kafka-keys-without-secret", "kafka-secret-name", "kafka-key",
-         "kafka-plain-password", "kafka-secret-in-config"],
+         "kafka-plain-password", "kafka-secret-in-config", "image-in-config", "priority-class-in-config",
+         "worker-tag-latest", "airflow-tag-latest", "pull-policy", "pull-secret-name", "repository",
+         "airflow-version-too-old", "priority-class-name", "min-available-percent", "old-storage-class-key",
+         "storage-class-name", "access-mode", "create-namespace", "tracking-uri"],
 )
 def test_values_schema_rejects_bad_values(chart, values, where):
     with pytest.raises(helm_python.HelmValuesError) as err:
-        chart.validate_schema(values)
+        chart.validate_schema({**DATABASE, **values})
     assert where in str(err.value)
 
 
@@ -255,3 +336,95 @@ def test_without_a_kafka_secret_the_pods_get_no_kafka_env_and_notes_say_how(char
     only_password, notes = render(chart, {"kafka": {"existingSecret": "kafka-user", "passwordKey": "password"}})
     assert kale_config(only_password).kubernetes.kafka_secret_keys == {"KALE_KAFKA_SASL_PASSWORD": "password"}
     assert "KALE_KAFKA_SASL_PASSWORD <- key password" in notes["kale-airflow/templates/NOTES.txt"]
+
+
+# ------------------------------------------------------------ images, scheduling and disruption of the worker pods
+def test_images_worker_and_pod_scheduling_values_reach_every_worker_pod(chart):
+    """images.worker and workerPods become kale.yaml fields; the pod the kale_training DAG
+    builds from them pulls that image with those Secrets, at that priority, and tells the
+    cluster autoscaler not to evict it."""
+    docs, _ = render(chart, PODS)
+    k8s = kale_config(docs).kubernetes
+    assert (k8s.image, k8s.image_pull_policy, k8s.image_pull_secrets, k8s.priority_class_name, k8s.namespace) == (
+        "reg.example.com:5000/ml/kale-worker:0.1.0-cu128", "Always", ["regcred", "mirror-cred"], "gpu-training",
+        "ml-training")
+    pod = kafka_pod(kale_config(docs))
+    spec, c = pod["spec"], pod["spec"]["containers"][0]
+    assert (c["image"], c["imagePullPolicy"]) == ("reg.example.com:5000/ml/kale-worker:0.1.0-cu128", "Always")
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror-cred"}]
+    assert spec["priorityClassName"] == "gpu-training"
+    assert pod["metadata"]["annotations"][SAFE_TO_EVICT] == "false"
+    assert pod["metadata"]["namespace"] == "ml-training"
+    kubernetes_validate.validate(pod, "1.37.0", strict=True)
+    exporter = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "kale-exporter")
+    assert exporter["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror-cred"}]
+
+    defaults_dep = kale_config(render(chart)[0])
+    defaults = defaults_dep.kubernetes
+    assert (defaults.image, defaults.image_pull_policy, defaults.image_pull_secrets, defaults.priority_class_name) == (
+        f"ghcr.io/kale-airflow/worker:{chart_app_version()}", "IfNotPresent", [], None)
+    pod = kafka_pod(defaults_dep)
+    assert "priorityClassName" not in pod["spec"] and not pod["spec"].get("imagePullSecrets")
+    assert pod["metadata"]["annotations"][SAFE_TO_EVICT] == "false"
+
+
+def test_the_chart_version_the_package_version_and_the_image_tags_agree(chart):
+    pyproject = (CHART.parents[1] / "pyproject.toml").read_text()
+    version = re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1)
+    meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert meta["appVersion"] == version  # the empty image tags mean this version
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["images"]["worker"]["tag"] == values["images"]["airflow"]["tag"] == ""
+
+
+def test_the_disruption_budget_selects_exactly_the_worker_pods(chart):
+    docs, _ = render(chart)
+    pdb = next(d for d in docs if d["kind"] == "PodDisruptionBudget")
+    assert pdb["metadata"]["namespace"] == "kale-training"
+    assert pdb["spec"]["selector"] == {"matchLabels": {"app.kubernetes.io/name": WORKER_LABELS["app.kubernetes.io/name"]}}
+    assert pdb["spec"]["minAvailable"] == 64  # config.max_workers: no voluntary eviction while pods run
+    assert "maxUnavailable" not in pdb["spec"]  # needs a controller; KubernetesPodOperator pods have none
+    pod = kafka_pod(kale_config(docs))
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    docs, _ = render(chart, {"workerPods": {"disruptionBudget": {"minAvailable": 0}}})
+    assert next(d for d in docs if d["kind"] == "PodDisruptionBudget")["spec"]["minAvailable"] == 0
+    docs, notes = render(chart, {"workerPods": {"disruptionBudget": {"enabled": False}}})
+    assert not [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    assert "no PodDisruptionBudget" in notes["kale-airflow/templates/NOTES.txt"]
+
+
+def test_create_namespace_renders_a_kept_namespace_and_not_the_releases_own(chart):
+    docs, _ = render(chart)
+    assert not [d for d in docs if d["kind"] == "Namespace"]
+    docs, notes = render(chart, {"training": {"namespace": "gpu-jobs", "createNamespace": True}})
+    (ns,) = [d for d in docs if d["kind"] == "Namespace"]
+    assert ns["metadata"]["name"] == "gpu-jobs" and ns["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert {d["metadata"]["namespace"] for d in docs if d["kind"] in ("Role", "PersistentVolumeClaim",
+                                                                      "PodDisruptionBudget")} == {"gpu-jobs"}
+    assert kale_config(docs).kubernetes.namespace == "gpu-jobs"
+    with pytest.raises(helm_python.HelmRenderError, match="release's own namespace"):
+        render(chart, {"training": {"namespace": "airflow", "createNamespace": True}})
+
+
+@pytest.mark.parametrize("field, values", [
+    ("namespace", {"training": {"namespace": "gpu-jobs"}}),
+    ("checkpoint_claim", {"checkpoints": {"claimName": "ckpt"}}),
+    ("service_account", {"workerServiceAccount": {"name": "trainer"}}),
+])
+def test_pod_settings_follow_the_chart_values_and_a_contradiction_is_refused(chart, field, values):
+    docs, _ = render(chart, values)
+    want = getattr(kale_config(docs).kubernetes, field)
+    assert want in ("gpu-jobs", "ckpt", "trainer")
+    config = {"stream_url": "kafka://k:9092/t", "worker_backend": "kubernetes", "kubernetes": {field: "other"}}
+    with pytest.raises(helm_python.HelmRenderError, match=f"config.kubernetes.{field} is \"other\""):
+        render(chart, {**values, "config": config})
+    render(chart, {**values, "config": {**config, "kubernetes": {field: want}}})  # the same value is fine
+
+
+@pytest.mark.parametrize("storage_class, rendered", [("", None), ("fast-rwx", "fast-rwx"), ("-", "")])
+def test_checkpoint_claim_storage_class_and_access_modes(chart, storage_class, rendered):
+    docs, _ = render(chart, {"checkpoints": {"storageClassName": storage_class, "accessModes": ["ReadWriteOnce"]}})
+    pvc = next(d for d in docs if d["kind"] == "PersistentVolumeClaim")
+    assert pvc["spec"].get("storageClassName", None) == rendered
+    assert pvc["spec"]["accessModes"] == ["ReadWriteOnce"]
+    kubernetes_validate.validate(pvc, "1.37.0", strict=True)

@@ -36,7 +36,9 @@ def test_upgrade_from_0_1_0_then_check_and_current(db_url, capsys, monkeypatch):
 
 def test_an_empty_database_is_created_at_the_head_by_upgrade(tmp_path, capsys):
     url = f"sqlite:///{tmp_path / 'new.db'}"
-    assert kale(capsys, "check", "--url", url) == (1, f"{url}: empty, not revision 0002: run kale db upgrade")
+    assert kale(capsys, "check", "--url", url) == (1, f"{url}: no database ({tmp_path / 'new.db'} does not exist); "
+                                                      "`kale db upgrade` creates it at revision 0002")
+    assert not (tmp_path / "new.db").exists()  # check only reads
     assert kale(capsys, "upgrade", "--url", url) == (0, f"{url}: upgraded from empty to revision 0002 (head)")
     assert kale(capsys, "check", "--url", url) == (0, f"{url}: revision 0002 (head)")
 

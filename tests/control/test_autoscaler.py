@@ -246,3 +246,78 @@ def test_a_dry_run_measures_the_pause_without_storing_it(home):
     auto.poke(NOW, record=False)
     assert auto.planned_downtime_s == pytest.approx(20, abs=1e-3)
     assert auto.state.get_value("rescale_pauses") is None
+
+
+def per_slice_backlog(stream, group, assignment, now):
+    """The backlog as the autoscaler computed it with one ``committed`` and one ``read`` per
+    slice (before ``committed_many``/``timestamps_at``): the reference the batched one must equal."""
+    from kale_airflow.core.slices import slices_for
+
+    ends = stream.end_offsets()
+    backlog, oldest = 0.0, now
+    for w in assignment:
+        for sl in slices_for({"assignment": assignment}, int(w)):
+            pos = stream.committed(f"{group}/{sl.group_suffix}", sl.partition)
+            pending = ends.get(sl.partition, 0) - pos
+            if pending > 0:
+                backlog += pending * (sl.hi - sl.lo)
+                rec = stream.read(sl.partition, pos, 1)
+                if rec:
+                    oldest = min(oldest, rec[0].ts)
+    return backlog, max(0.0, now - oldest)
+
+
+class CountingStream:
+    """An embedded stream that counts the calls made to it, by name."""
+
+    def __init__(self, stream):
+        self.stream, self.calls = stream, {}
+
+    def __getattr__(self, name):
+        attr = getattr(self.stream, name)
+        if not callable(attr):
+            return attr
+
+        def counted(*args, **kwargs):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return attr(*args, **kwargs)
+        return counted
+
+
+@pytest.mark.parametrize("workers", [2, 3, 7, 12])
+def test_the_batched_backlog_equals_the_per_slice_one(tmp_path, workers):
+    """Skewed rates over 8 partitions: whole and shared partitions, slices with and without
+    backlog, positions at gaps in append time (times not ordered by offset), a slice never
+    committed and one committed at its partition's end."""
+    from kale_airflow.control.autoscaler import stream_backlog
+    from kale_airflow.core.slices import slices_for
+
+    stream = EmbeddedStream(tmp_path / "s.db", partitions=8)
+    rng = np.random.default_rng(workers)
+    for p in range(8):
+        for k in range(int(rng.integers(1, 6))):
+            stream.append(p, [b"x"] * int(rng.integers(1, 40)), ts=NOW - 900 + float(rng.integers(0, 800)))
+    doc = assign({str(p): 1.0 / (p + 1) for p in range(8)}, workers).to_dict()
+    ends = stream.end_offsets()
+    slices = [sl for w in doc["assignment"] for sl in slices_for(doc, int(w))]
+    assert any(sl.hi - sl.lo < 1 for sl in slices) or workers <= 2
+    for i, sl in enumerate(slices[1:]):  # the first slice never commits
+        stream.commit(f"kale/{sl.group_suffix}", {sl.partition: ends[sl.partition] if i % 4 == 0
+                                                 else int(rng.integers(0, ends[sl.partition] + 1))})
+    counted = CountingStream(stream)
+    got = stream_backlog(counted, "kale", doc["assignment"], NOW)
+    assert got == per_slice_backlog(stream, "kale", doc["assignment"], NOW)  # exactly: same sum, same order
+    assert got[0] > 0 and got[1] > 0
+    # Three calls whatever the number of slices: none per slice.
+    assert counted.calls == {"end_offsets": 1, "committed_many": 1, "timestamps_at": 1}
+
+
+def test_the_poke_observes_the_backlog_with_batched_stream_calls(home):
+    auto = autoscaler(home)
+    running(auto, 8)
+    arrive(home[1], 3500)
+    auto.stream = CountingStream(home[1])
+    _, obs = auto.poke(NOW)
+    assert obs.backlog > 0 and obs.freshness_lag_s > 0
+    assert "committed" not in auto.stream.calls and "read" not in auto.stream.calls
+    assert auto.stream.calls["committed_many"] == auto.stream.calls["timestamps_at"] == 1

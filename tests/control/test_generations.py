@@ -413,3 +413,16 @@ def test_the_decision_event_names_the_generation_current_before_the_observation(
     assert decision_event(Observing(running, target, becomes)) == (done, {
         "status": "scale" if done else "hold", "current": running, "current_generation": "g000001-2w",
         "shadow": False, "workers": target, "reason": "scale_up_forecast", "message": "m"})
+
+
+@pytest.mark.parametrize("workers, seen, start", [
+    (3, {}, [0, 1, 2]),                                                            # nothing warm: every pod
+    (3, {0: {"state": "warm", "heartbeat": 99.0}, 1: {"state": "warm", "heartbeat": 99.0}}, [2]),  # scale-up
+    (2, {0: {"state": "warm", "heartbeat": 99.0}, 1: {"state": "warm", "heartbeat": 99.0}}, []),   # scale-down
+    (2, {0: {"state": "warm", "heartbeat": 99.0}, 1: {"state": "stopped", "heartbeat": 99.0}}, [1]),  # it left
+    (2, {0: {"state": "warm", "heartbeat": 10.0}, 1: {"state": "warm", "heartbeat": 99.0}}, [0]),  # stale: gone
+], ids=["cold", "scale-up", "scale-down", "left", "stale"])
+def test_only_slots_without_a_warm_rank_get_a_pod(workers, seen, start):
+    from kale_airflow.control.generations import slots_to_start
+
+    assert slots_to_start(workers, seen, now=100.0) == start

@@ -47,10 +47,10 @@ def register_champions(uri: str, tmp_path, n, r) -> None:
                                    (reg.THROUGHPUT_MODEL, ThroughputModelPyfunc(),
                                     {"throughput": str(tmp_path / "throughput.json")})):
         with reg.mlflow_at(uri, (tmp_path / "artifacts").as_uri()) as client:
-            with mlflow.start_run() as run:
-                mlflow.pyfunc.log_model(name="model", python_model=model, artifacts=artifacts,
-                                        pip_requirements=["pandas"])
-            version = reg.register(client, name, run.info.run_id, "model", "parity")
+            with mlflow.start_run():
+                info = mlflow.pyfunc.log_model(name="model", python_model=model, artifacts=artifacts,
+                                               pip_requirements=["pandas"])
+            version = reg.register(client, name, info.model_uri, "parity")
             client.set_registered_model_alias(name, reg.CHAMPION, version)
 
 

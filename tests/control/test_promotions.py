@@ -5,7 +5,14 @@ import pytest
 
 from kale_airflow.config import Config, Deployment, Settings
 from kale_airflow.control.autoscaler import Autoscaler
-from kale_airflow.control.promotions import PROMOTION_KEY, RECHECK_S, AnnouncedChampions, announce
+from kale_airflow.control.promotions import (
+    PROMOTION_KEY,
+    RECHECK_S,
+    AnnouncedChampions,
+    ManualApprovals,
+    announce,
+    unchecked,
+)
 from kale_airflow.registry.mlflow_registry import FORECASTER_MODEL, THROUGHPUT_MODEL, RegistryUnavailable
 from kale_airflow.store import StateStore
 from kale_airflow.stream.embedded import EmbeddedStream
@@ -87,3 +94,56 @@ def test_the_autoscaler_reads_mlflow_through_the_announcement_check_by_default(t
     auto = Autoscaler(Config(Settings(tmp_path, "sqlite:///m.db", database=url), dep),
                       stream=EmbeddedStream(tmp_path / "stream.db", partitions=1), pods=list)
     assert isinstance(auto.registry, AnnouncedChampions) and auto.registry.store is auto.state
+    assert isinstance(auto.registry.on_answer, ManualApprovals)  # hand-moved champions get recorded
+
+
+# ------------------------------------------------------------------ champions moved by hand
+@pytest.mark.parametrize(("versions", "checked", "expected"), [
+    (("1", "4"), {}, [(FORECASTER_MODEL, "1", None), (THROUGHPUT_MODEL, "4", None)]),  # first answer: both
+    (("1", "4"), {FORECASTER_MODEL: "1", THROUGHPUT_MODEL: "4"}, []),                   # nothing moved
+    (("2", "4"), {FORECASTER_MODEL: "1", THROUGHPUT_MODEL: "4"}, [(FORECASTER_MODEL, "2", "1")]),
+    (("1", None), {}, [(FORECASTER_MODEL, "1", None)]),                                  # no throughput champion
+], ids=["first-answer", "unchanged", "forecaster-moved", "no-throughput-champion"])
+def test_only_champions_not_checked_yet_are_looked_up(versions, checked, expected):
+    assert unchecked(versions, checked) == expected
+
+
+@pytest.fixture
+def mlflow_store(tmp_path):
+    from kale_airflow.registry import mlflow_registry as reg
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = reg.registry_client(uri)
+    client.create_registered_model(FORECASTER_MODEL)
+    for _ in range(2):
+        client.create_model_version(FORECASTER_MODEL, source="file:///nowhere")
+    return uri, client
+
+
+def test_a_champion_moved_in_the_mlflow_ui_is_tagged_approved_manually_at_the_next_answer(tmp_path, mlflow_store):
+    """Bug class: a champion moved by hand keeps ``kale.review=pending`` and names no approver."""
+    from kale_airflow.control.autoscaler import MlflowChampions
+    from kale_airflow.registry import mlflow_registry as reg
+
+    uri, client = mlflow_store
+    reg.promote(client, FORECASTER_MODEL, "1", "alice")
+    client.set_model_version_tag(FORECASTER_MODEL, "2", "kale.review", "pending")  # a held challenger
+    clock, approvals = [0.0], ManualApprovals(uri, clock=lambda: 1_790_000_000.0)
+    champions = AnnouncedChampions(MlflowChampions(uri), StateStore(f"sqlite:///{tmp_path / 'kale.db'}"),
+                                   clock=lambda: clock[0], on_answer=approvals)
+    assert champions.versions() == ("1", None)
+    assert client.get_model_version(FORECASTER_MODEL, "1").tags["kale.approved_by"] == "alice"  # left alone
+    client.set_registered_model_alias(FORECASTER_MODEL, "champion", "2")  # the reviewer, in the MLflow UI
+    clock[0] = RECHECK_S
+    assert champions.versions() == ("2", None)
+    tags = client.get_model_version(FORECASTER_MODEL, "2").tags
+    assert (tags["kale.review"], tags["kale.approved_at"]) == ("approved-manually", "2026-09-21T14:13:20+00:00")
+    assert "moved outside kale" in tags["kale.approved_by"]
+    assert client.get_model_version(FORECASTER_MODEL, "1").tags["kale.superseded_by"] == "2"
+    assert approvals.checked == {FORECASTER_MODEL: "2"}
+
+
+def test_a_failed_approval_check_never_stops_the_answer_and_is_tried_again(caplog):
+    approvals = ManualApprovals("http://127.0.0.1:1")  # nothing listens
+    approvals(("3", None))
+    assert approvals.checked == {} and "checking again at the next answer" in caplog.text

@@ -11,7 +11,7 @@ import yaml
 from kale_airflow.config import KubernetesWorkerConfig
 from kale_airflow.operators.worker_pod import pod_manifest, worker_pod_operator
 from kale_airflow.runtime.backends import WorkerSpec
-from kale_airflow.runtime.kubernetes import CHECKPOINT_MOUNT, label_value
+from kale_airflow.runtime.kubernetes import CHECKPOINT_MOUNT, SAFE_TO_EVICT, label_value
 
 SPEC = WorkerSpec(stream_url="kafka://kafka.kale:9092/samples", checkpoint_dir=CHECKPOINT_MOUNT)
 ASSIGNMENT = {"assignment": {"0": [["0", 1.0], ["1", 0.5]], "1": [["1", 0.5]]}}
@@ -110,7 +110,10 @@ SECRET_URL = "postgresql+psycopg://kale:s3cr3t-pw@db.kale:5432/kale"
 K8S_DEPLOYMENT = {"stream_url": "kafka://kafka.kale:9092/samples", "worker_backend": "kubernetes", "max_workers": 40,
                   "partitions": 64, "kubernetes": {"namespace": "kale-training", "database_secret": "airflow-metadata",
                                                    "database_secret_key": "connection", "pool": "gpu_a100",
-                                                   "schedule_timeout_s": 2400}}
+                                                   "schedule_timeout_s": 2400, "image": "reg.example.com/kale-worker:7",
+                                                   "image_pull_policy": "Always",
+                                                   "image_pull_secrets": ["regcred", "mirror-cred"],
+                                                   "priority_class_name": "gpu-training"}}
 
 
 @pytest.fixture
@@ -154,6 +157,10 @@ def test_the_dags_mapped_pod_obeys_the_deployment(training_dag):
     c = m["spec"]["containers"][0]
     assert [*c["command"], *c["args"]] == argv and m["metadata"]["namespace"] == "kale-training"
     assert m["metadata"]["labels"]["app.kubernetes.io/name"] == "kale-worker"  # the autoscaler's selector
+    assert (c["image"], c["imagePullPolicy"]) == ("reg.example.com/kale-worker:7", "Always")
+    assert m["spec"]["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror-cred"}]
+    assert m["spec"]["priorityClassName"] == "gpu-training"
+    assert m["metadata"]["annotations"][SAFE_TO_EVICT] == "false"
     env = {e["name"]: e for e in c["env"]}
     assert env["KALE_DATABASE_URL"] == {"name": "KALE_DATABASE_URL", "valueFrom": {
         "secretKeyRef": {"name": "airflow-metadata", "key": "connection"}}}
@@ -218,3 +225,33 @@ def test_local_deployments_parse_without_the_gpu_pool():
     from kale_airflow.operators.worker_pod import worker_pods_partial_kwargs
 
     assert worker_pods_partial_kwargs(parse_deployment({"stream_url": "sqlite:///x"}))["pool"] == "default_pool"
+
+
+def test_pull_policy_pull_secrets_priority_and_no_autoscaler_eviction():
+    m = manifest(KubernetesWorkerConfig(image_pull_policy="Never", image_pull_secrets=["regcred"],
+                                        priority_class_name="gpu-training"))
+    kubernetes_validate.validate(m, "1.25.0", strict=True)
+    assert m["spec"]["containers"][0]["imagePullPolicy"] == "Never"
+    assert (m["spec"]["imagePullSecrets"], m["spec"]["priorityClassName"]) == ([{"name": "regcred"}], "gpu-training")
+    # the cluster autoscaler must not drain a node to scale it down under a running rank
+    assert m["metadata"]["annotations"][SAFE_TO_EVICT] == "false"
+    default = manifest()
+    assert default["spec"]["containers"][0]["imagePullPolicy"] == "IfNotPresent"
+    assert "priorityClassName" not in default["spec"] and not default["spec"].get("imagePullSecrets")
+    assert default["metadata"]["annotations"][SAFE_TO_EVICT] == "false"
+    for bad in ({"image_pull_policy": "Sometimes"}, {"image_pull_secrets": ["Reg_Cred"]},
+                {"image_pull_secrets": "regcred"}, {"priority_class_name": "High_Priority"}):
+        with pytest.raises(ValueError):
+            KubernetesWorkerConfig(**bad)
+
+
+def test_the_mapped_pods_settings_survive_dag_serialization(training_dag):
+    """The scheduler and the UI see the serialized DAG: the pull secrets, priority and
+    annotation of the mapped worker pods must come back as they were given."""
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    task = DagSerialization.from_dict(DagSerialization.to_dict(training_dag)).get_task("worker_pods")
+    kwargs = task.partial_kwargs
+    assert kwargs["image_pull_secrets"] == "regcred,mirror-cred"
+    assert (kwargs["priority_class_name"], kwargs["image_pull_policy"]) == ("gpu-training", "Always")
+    assert kwargs["annotations"][SAFE_TO_EVICT] == "false"

@@ -108,8 +108,8 @@ def test_review_promotes_only_a_winning_challenger_with_auto_promote(store, rela
     assert ("no champion yet" in out.reason) is (not champion_present)
     if not out.promoted:  # the reviewer is told whether it won, and how to promote it
         assert re.fullmatch(r"held for review: (no champion yet|mase \S+ vs champion v\d+ \S+)"
-                            r"( \(the challenger does not win\))?; move the 'champion' alias in the MLflow UI "
-                            r"to promote it", out.reason), out.reason
+                            r"( \(the challenger does not win\))?; promote it with `kale promote model-\d+ \d+` "
+                            r"\(or move the 'champion' alias in the MLflow UI\)", out.reason), out.reason
         assert ("does not win" in out.reason) is (not wins)
     if champ is not None:
         assert "kale.review" not in client.get_model_version(name, champ).tags
@@ -123,10 +123,10 @@ def test_review_records_the_comparison_and_the_verdict_for_the_reviewer(store):
     out = reg.review(client, name, chal, 2.0, 1.0, "mase", True, {"challenger mase": 2.0, "champion mase": 1.0})
     lines = client.get_model_version(name, chal).description.splitlines()
     assert lines[0] == f"Challenger v{chal}: mase 2 vs champion v{champ} 1."
-    assert lines[2:6] == ["| metric | value |", "| --- | --- |", "| challenger mase | 2.0 |", "| champion mase | 1.0 |"]
+    assert lines[2:6] == ["| metric | value |", "| --- | --- |", "| challenger mase | 2 |", "| champion mase | 1 |"]
     assert lines[-1] == out.reason and not out.promoted
     assert out.reason.startswith(f"held for review: mase 2 vs champion v{champ} 1 (the challenger does not win); ")
-    assert "move the 'champion' alias in the MLflow UI" in out.reason
+    assert f"promote it with `kale promote {name} {chal}`" in out.reason
     assert out.to_dict() == {"version": chal, "promoted": False, "reason": out.reason, "champion_version": champ,
                              "comparison": {"challenger mase": 2.0, "champion mase": 1.0}}
 
@@ -250,7 +250,7 @@ def test_register_does_not_create_a_model_after_a_failed_lookup(store):
     real = reg.registry_client(store)
     with pytest.raises(RegistryUnavailable, match="^MLflow at fake://registry refused or failed the lookup of "
                                                   "registered model never-created .*PERMISSION_DENIED"):
-        reg.register(FailingLookups(real, FAILURES["permission"]), "never-created", "run", "model", "d")
+        reg.register(FailingLookups(real, FAILURES["permission"]), "never-created", "models:/m-none", "d")
     assert reg.current_version(real, "never-created", CHALLENGER) is None
 
 
@@ -319,10 +319,10 @@ def champions(store, tmp_path_factory):
                                    (reg.THROUGHPUT_MODEL, ThroughputModelPyfunc(),
                                     {"throughput": str(work / "throughput.json")})):
         with reg.mlflow_at(store, (work / "artifacts").as_uri()) as client:
-            with mlflow.start_run() as run:
-                mlflow.pyfunc.log_model(name="model", python_model=model, artifacts=artifacts,
-                                        pip_requirements=["pandas"])
-            version = reg.register(client, name, run.info.run_id, "model", "test")
+            with mlflow.start_run():
+                info = mlflow.pyfunc.log_model(name="model", python_model=model, artifacts=artifacts,
+                                               pip_requirements=["pandas"])
+            version = reg.register(client, name, info.model_uri, "test")
             client.set_registered_model_alias(name, CHAMPION, version)
             versions[name] = version
     assert _mlflow_state() == before  # the write path restores every global it set

@@ -1,11 +1,12 @@
 """Pod emulation: the worker pods exactly as the kale_training DAG renders them (the real
 KubernetesPodOperator, dry run), their container command run as local processes the way a
 kubelet would (env values, Secret references and the downward API's pod IP resolved, volume
-mounts mapped to local folders), against a real PostgreSQL control plane. Each generation's
-pods are the ranks of one torch.distributed job that meet through the control plane (rank 0
-publishes its pod IP). A rescale supersedes the generation:
-its pods checkpoint and exit 0, report throughput, and the audit log shows that no two
-generations ever trained the same slice at the same time, and no sample was skipped."""
+mounts mapped to local folders), against a real PostgreSQL control plane. The ranks meet
+through the control plane (slot 0 publishes its pod IP for every generation) and stay warm
+across generations: a 2 -> 3 -> 2 sequence starts only the added slot's pod, the scale-down
+ends only the removed slot's pod (exit 0), the other pods re-join in place with the model in
+memory; the audit shows that no two generations ever trained at the same time and that no
+sample was skipped."""
 
 import os
 import subprocess
@@ -83,75 +84,87 @@ def deployment(tmp_path, postgres_database, monkeypatch):
     return tmp_path, stream, postgres_database
 
 
-def test_rendered_pods_obey_generations_report_and_never_overlap(deployment):
+def test_warm_pods_rejoin_in_place_through_2_3_2_and_never_overlap(deployment):
     tmp, stream, db = deployment
     cfg = load_config()
     generations, store = Generations(cfg), StateStore(db)
     secrets = {cfg.deployment.kubernetes.database_secret: {cfg.deployment.kubernetes.database_secret_key: db}}
     audit, log = tmp / "audit.log", open(tmp / "pods.log", "ab")
+    metrics = EmbeddedMetrics(db)
+    pods: dict[int, subprocess.Popen] = {}  # by slot; ended by PID if the test fails half-way
 
-    started: list[subprocess.Popen] = []  # ended by PID if the test fails half-way
-
-    def start(generation):
-        # The pods rendezvous through the control plane at rank 0's pod IP and RENDEZVOUS_PORT;
+    def rescale(n, run):
+        cur = store.current()
+        g = generations.apply({"status": "scale", "current": cur["workers"] if cur else 0, "workers": n,
+                               "current_generation": cur["generation"] if cur else None,
+                               "reason": "scale_up_forecast", "message": "t"}, run_id=run)["generation"]
+        generations.rebalance(g, n)  # waits until the previous generation has checkpointed and stopped
+        started = []
+        # The pods rendezvous through the control plane at slot 0's pod IP and RENDEZVOUS_PORT;
         # here every "pod" shares loopback, so the port is mapped to a free one.
-        mounts = {CHECKPOINT_MOUNT: str(tmp / "ck"), RENDEZVOUS: f"control-plane:{free_port()}"}
-        pods = []
-        for i, args in enumerate(generations.pod_arguments(generation)):
+        for i, args in enumerate(generations.pod_arguments(g, run_id=f"train-{run}")):
             op = WorkerPodOperator(**{**worker_pods_partial_kwargs(cfg.deployment), "task_id": f"worker_{i}"},
                                    arguments=args)
             manifest = pod_manifest(op)
             assert db not in str(manifest)  # the URL (and its credentials) only through the Secret
             assert RENDEZVOUS in manifest["spec"]["containers"][0]["args"]
-            pods.append(kubelet(manifest, secrets, mounts, log, ["--audit", str(audit)]))
-        return pods
+            slot = int(args[args.index("--worker-id") + 1])
+            mounts = {CHECKPOINT_MOUNT: str(tmp / "ck"), RENDEZVOUS: f"control-plane:{free_port()}"}
+            pods[slot] = kubelet(manifest, secrets, mounts, log, ["--audit", str(audit)])
+            started.append(slot)
+        return g, started
+
+    def trained(g):
+        return lambda: store.get_value(f"rescale/{g}") is not None
 
     try:
-        g1 = generations.apply({"status": "scale", "current": 0, "workers": 2, "reason": "scale_up_forecast",
-                                "message": "start"}, run_id="run1")["generation"]
-        generations.rebalance(g1, 2)
-        first = start(g1)
-        metrics = EmbeddedMetrics(db)
+        g1, first = rescale(2, "run1")
+        assert first == [0, 1]
         wait_for(lambda: (metrics.throughput_observations()["workers"] == 2).any(), 180, "generation 1's throughput")
+        kept = {s: pods[s].pid for s in first}
 
-        g2 = generations.apply({"status": "scale", "current": 2, "workers": 3, "reason": "scale_up_forecast",
-                                "message": "more"}, run_id="run2")["generation"]
-        superseded = time.monotonic()
-        generations.rebalance(g2, 3)  # waits until generation 1 has checkpointed and stopped
-        assert [p.wait(timeout=30) for p in first] == [0, 0]
-        assert time.monotonic() - superseded < 30
-        assert {w: r["state"] for w, r in store.workers_seen(g1).items()} == {0: "stopped", 1: "stopped"}
-        second = start(g2)
+        g2, added = rescale(3, "run2")
+        assert added == [2]  # only the added slot's pod: the others re-join in place
+        assert {w: r["state"] for w, r in store.workers_seen(g1).items()} == {0: "warm", 1: "warm"}
+        wait_for(trained(g2), 180, "generation 2's first step")
+        rec = store.get_value(f"rescale/{g2}")
+        assert rec["kind"] == "warm" and (rec["from_world"], rec["to_world"]) == (2, 3)
+        assert all(pods[s].poll() is None and pods[s].pid == pid for s, pid in kept.items())
 
-        doc = generations.assignment(g2)
-        slices = [sl for w in range(3) for sl in slices_for(doc, w)]
+        g3, none = rescale(2, "run3")
+        assert none == []  # a scale-down starts no pod
+        assert pods[2].wait(timeout=60) == 0  # only the removed slot's pod ends, successfully
+        wait_for(trained(g3), 120, "generation 3's first step")
+        assert store.get_value(f"rescale/{g3}")["kind"] == "warm" and pods[0].poll() is None and pods[1].poll() is None
+        assert store.workers_seen(g2)[2]["state"] == "stopped"
 
-        def drained():  # every slice of generation 2 has read to the end of its partition (commits follow
+        doc = generations.assignment(g3)
+        slices = [sl for w in range(2) for sl in slices_for(doc, w)]
+
+        def drained():  # every slice of generation 3 has read to the end of its partition (commits follow
             reached = {}  # the next checkpoint, which the stop below writes)
             for sl, a, b, g, *_ in audit_records(audit):
-                if g == g2:
+                if g == g3:
                     reached[sl.group_suffix] = max(reached.get(sl.group_suffix, 0), b)  # 6-decimal bounds
             return all(reached.get(sl.group_suffix, 0) == PER_PARTITION for sl in slices)
 
-        wait_for(lambda: (metrics.throughput_observations()["workers"] == 3).any(), 180, "generation 2's throughput")
-        wait_for(drained, 120, "generation 2 to train the rest of the stream")
+        wait_for(drained, 180, "generation 3 to train the rest of the stream")
         store.set_current_generation("done", 0)
-        assert [p.wait(timeout=30) for p in second] == [0, 0, 0]
+        assert [pods[s].wait(timeout=60) for s in (0, 1)] == [0, 0]
         assert all(stream.committed(f"{cfg.deployment.group}/{sl.group_suffix}", sl.partition) == PER_PARTITION
                    for sl in slices)  # the final checkpoint's positions, committed after it
 
         records = audit_records(audit)
         for p in range(2):  # no sample skipped
-            trained = set()
+            seen = set()
             for s, a, b, *_ in records:
                 if s.partition == p:
                     offs = np.arange(a, b)
-                    trained |= set(offs[s.mask(offs)].tolist())
-            assert trained == set(range(PER_PARTITION)), f"partition {p}: {PER_PARTITION - len(trained)} never trained"
-        last_g1 = max(t1 for *_, g, t0, t1 in records if g == g1)
-        first_g2 = min(t0 for *_, g, t0, t1 in records if g == g2)
-        assert last_g1 <= first_g2  # generation 2 trained nothing until generation 1 had stopped
+                    seen |= set(offs[s.mask(offs)].tolist())
+            assert seen == set(range(PER_PARTITION)), f"partition {p}: {PER_PARTITION - len(seen)} never trained"
+        for old, new in ((g1, g2), (g2, g3)):  # a generation trained nothing until the one before had stopped
+            assert max(t1 for *_, g, t0, t1 in records if g == old) <= min(t0 for *_, g, t0, t1 in records if g == new)
     finally:
-        for pod in started:
+        for pod in pods.values():
             if pod.poll() is None:
                 pod.kill()

@@ -80,3 +80,27 @@ def test_marking_a_job_failed_is_best_effort(tmp_path, capfd, monkeypatch):
     code = main(["--max-restarts", "0", "--", sys.executable, "-c", "import sys; sys.exit(3)", "--generation", "g6"])
     out = capfd.readouterr().out
     assert code == 3 and "could not mark generation g6 failed" in out and "heartbeats go stale instead" in out
+
+
+# ------------------------------------------------------------------ the warm pool
+@pytest.mark.parametrize("want, alive, exited, plan", [
+    (3, {0, 1}, {}, ([2], False, False)),          # scale-up: start only the added slot
+    (2, {0, 1, 2}, {}, ([], False, False)),         # scale-down: slot 2 leaves by itself
+    (2, {0}, {1: 0}, ([1], False, False)),          # slot 1 left (its wait ran out) but is wanted: again
+    (2, {0}, {1: -9}, ([], True, True)),            # a crash: every slot restarts from the checkpoint
+    (2, {1}, {0: 0}, ([], True, False)),            # slot 0 hosts the store: a new attempt, not a failure
+    (None, {0}, {}, ([], False, False)),            # the control plane cannot say: keep what runs
+    (0, set(), {}, ([], False, False)),             # a generation of no workers: the pool ends
+], ids=["scale-up", "scale-down", "rejoin", "crash", "slot-0", "unknown", "zero"])
+def test_the_pool_starts_added_slots_and_restarts_all_after_a_failure(want, alive, exited, plan):
+    from kale_airflow.runtime.supervise import pool_plan
+
+    assert pool_plan(want, alive, exited) == plan
+
+
+def test_the_pool_says_why_it_restarts():
+    from kale_airflow.runtime.supervise import EXIT_RENDEZVOUS, restart_reason
+
+    assert restart_reason({1: -9, 0: 3}) == "restart after slot 0 ended with exit code 3"
+    assert "did not all meet in time (slot 1)" in restart_reason({1: EXIT_RENDEZVOUS})
+    assert "slot 0 started again" in restart_reason({0: 0})

@@ -83,16 +83,18 @@ class Broker:
         self.proc = _start_tansu(int(self.bootstrap.rsplit(":", 1)[1]), self.log)
 
 
-def _start_tansu(port: int, log: Path) -> subprocess.Popen:
-    """Start Tansu on ``port`` with in-memory storage; wait until it answers metadata."""
+def _start_tansu(port: int, log: Path, advertised: int | None = None) -> subprocess.Popen:
+    """Start Tansu on ``port`` with in-memory storage; wait until it answers metadata (at
+    ``advertised``, the port it names to clients, when that is a proxy's)."""
     from confluent_kafka.admin import AdminClient
 
     url = f"tcp://127.0.0.1:{port}"
+    shown = f"tcp://127.0.0.1:{advertised or port}"
     with log.open("ab") as fh:
-        proc = subprocess.Popen([tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+        proc = subprocess.Popen([tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", shown,
                                  "--storage-engine", "memory://tansu/"], stdout=fh, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}", "log_level": 0})
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{advertised or port}", "log_level": 0})
     deadline = time.time() + 30
     while True:
         if proc.poll() is not None:
@@ -144,6 +146,39 @@ def kafka_broker(tmp_path_factory):
 def own_kafka_broker(tmp_path):
     """A broker of this test's own (the session's one is shared): for tests that restart it."""
     yield from _broker(tmp_path / "tansu.log", grace_s=0.0)
+
+
+def start_counted_broker(log: Path):
+    """Tansu behind a :class:`~tests.stream.kafka_proxy.CountingProxy`: returns (broker
+    process, proxy, bootstrap address of the proxy)."""
+    from tests.stream.kafka_proxy import CountingProxy
+
+    port, front = _free_port(), _free_port()
+    proxy = CountingProxy(front, port)
+    try:
+        proc = _start_tansu(port, log, advertised=front)
+    except BaseException:
+        proxy.close()
+        raise
+    return proc, proxy, f"127.0.0.1:{front}"
+
+
+@pytest.fixture(scope="session")
+def counted_kafka(tmp_path_factory):
+    """A broker whose requests are counted on the wire: a :class:`Broker` with ``.proxy``."""
+    try:
+        import confluent_kafka.admin  # noqa: F401
+    except ImportError:
+        pytest.fail("confluent-kafka is not installed: pip install -e '.[test]'", pytrace=False)
+    log = tmp_path_factory.mktemp("tansu-counted") / "tansu.log"
+    proc, proxy, bootstrap = start_counted_broker(log)
+    broker = Broker(proc, bootstrap, log)
+    broker.proxy = proxy
+    try:
+        yield broker
+    finally:
+        _stop_tansu(broker.proc)
+        proxy.close()
 
 
 @pytest.fixture

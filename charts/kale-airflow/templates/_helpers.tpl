@@ -23,10 +23,39 @@ only the keys named, {} without a Secret). */}}
 {{- toJson $keys -}}
 {{- end -}}
 
-{{/* kale.yaml: the config values, with the database and Kafka Secrets the pods reference. */}}
+{{/* An image of images.*: repository:tag, the tag defaulting to the chart's appVersion. */}}
+{{- define "kale.image" -}}
+{{- printf "%s:%s" .image.repository (.image.tag | default .root.Chart.AppVersion) -}}
+{{- end -}}
+
+{{- define "kale.workerImage" -}}
+{{- include "kale.image" (dict "image" .Values.images.worker "root" .) -}}
+{{- end -}}
+
+{{/* PodDisruptionBudget minAvailable of the worker pods: the value, or max_workers (no voluntary eviction). */}}
+{{- define "kale.workerMinAvailable" -}}
+{{- $v := .Values.workerPods.disruptionBudget.minAvailable -}}
+{{- if kindIs "invalid" $v -}}{{- .Values.config.max_workers | default 8 -}}{{- else -}}{{- $v -}}{{- end -}}
+{{- end -}}
+
+{{/* kale.yaml: the config values, with the worker image, the pods' scheduling and the database
+and Kafka Secrets the pods reference. */}}
 {{- define "kale.config" -}}
 {{- $cfg := deepCopy .Values.config -}}
 {{- $k8s := deepCopy (get $cfg "kubernetes" | default dict) -}}
+{{- range $field, $from := dict "namespace" (list "training.namespace" .Values.training.namespace) "checkpoint_claim" (list "checkpoints.claimName" .Values.checkpoints.claimName) "service_account" (list "workerServiceAccount.name" .Values.workerServiceAccount.name) -}}
+{{- $given := get $k8s $field -}}
+{{- if and $given (ne $given (index $from 1)) -}}
+{{- fail (printf "config.kubernetes.%s is %q but %s is %q: the pods, the Role, the claim and the service account would not meet; leave config.kubernetes.%s unset (it comes from %s)" $field $given (index $from 0) (index $from 1) $field (index $from 0)) -}}
+{{- end -}}
+{{- $_ := set $k8s $field (index $from 1) -}}
+{{- end -}}
+{{- $_ := set $k8s "image" (include "kale.workerImage" .) -}}
+{{- $_ := set $k8s "image_pull_policy" .Values.images.worker.pullPolicy -}}
+{{- $_ := set $k8s "image_pull_secrets" .Values.images.worker.pullSecrets -}}
+{{- if .Values.workerPods.priorityClassName -}}
+{{- $_ := set $k8s "priority_class_name" .Values.workerPods.priorityClassName -}}
+{{- end -}}
 {{- $_ := set $k8s "database_secret" (include "kale.databaseSecret" .) -}}
 {{- $_ := set $k8s "database_secret_key" .Values.database.secretKey -}}
 {{- if .Values.kafka.existingSecret -}}
@@ -48,4 +77,94 @@ only the keys named, {} without a Secret). */}}
 {{- end -}}
 {{- $hosts = concat $hosts (list "localhost" "localhost:*" "127.0.0.1" "127.0.0.1:*") .Values.mlflow.allowedHosts -}}
 {{- join "," $hosts -}}
+{{- end -}}
+
+{{/* KALE_MLFLOW_URI of the Airflow components: this chart's server, mlflow.trackingUri, or "" (unset). */}}
+{{- define "kale.mlflowUri" -}}
+{{- if .Values.mlflow.enabled -}}
+{{- printf "http://%s-mlflow.%s:5000" .Release.Name .Values.airflow.namespace -}}
+{{- else -}}
+{{- .Values.mlflow.trackingUri -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The values the official apache-airflow chart (1.18) needs, printed by NOTES and shipped in
+ConfigMap <release>-airflow-values; tests/charts/test_official_chart.py renders that chart with
+them. The pool is set by an init container of the scheduler: the chart's own
+wait-for-airflow-migrations init container runs before it, so the metadata database is
+migrated, and every scheduler start (each upgrade) sets it again to max_workers slots. The
+{{ template ... }} strings are left for the official chart, which renders extraInitContainers
+with tpl. */}}
+{{- define "kale.airflowValues" -}}
+{{- $pool := dig "kubernetes" "pool" "kale_gpu" .Values.config -}}
+{{- $mlflow := include "kale.mlflowUri" . -}}
+# For the official apache-airflow chart 1.18.0 next to kale-airflow {{ .Chart.Version }} (release {{ .Release.Name }}).
+airflowVersion: {{ .Values.airflow.version | quote }}
+# Every Airflow component and KubernetesExecutor task pod runs this image (docker/airflow.Dockerfile).
+defaultAirflowRepository: {{ .Values.images.airflow.repository }}
+defaultAirflowTag: {{ .Values.images.airflow.tag | default .Chart.AppVersion | quote }}
+{{- with .Values.airflow.metadataSecret }}
+# Airflow's metadata database: your PostgreSQL (Secret {{ . }}, key connection), not the bundled one.
+postgresql:
+  enabled: false
+data:
+  metadataSecretName: {{ . }}
+{{- end }}
+dagProcessor:
+  enabled: true
+triggerer:
+  enabled: true
+secret:
+  - envName: KALE_DATABASE_URL
+    secretName: {{ include "kale.databaseSecret" . }}
+    secretKey: {{ .Values.database.secretKey }}
+{{- range $env, $key := include "kale.kafkaSecretKeys" . | fromJson }}
+  - envName: {{ $env }}
+    secretName: {{ $.Values.kafka.existingSecret }}
+    secretKey: {{ $key }}
+{{- end }}
+env:
+  - name: KALE_CONFIG
+    value: /opt/kale/kale.yaml
+{{- if $mlflow }}
+  - name: KALE_MLFLOW_URI
+    value: {{ $mlflow | quote }}
+{{- end }}
+volumes:
+  - name: kale-config
+    configMap: {name: {{ .Release.Name }}-config}
+{{- if .Values.dags.configMap }}
+  - name: kale-dags
+    configMap: {name: {{ .Release.Name }}-dags}
+{{- end }}
+volumeMounts:
+  - {name: kale-config, mountPath: /opt/kale, readOnly: true}
+{{- if .Values.dags.configMap }}
+{{- range $path, $_ := .Files.Glob "files/dags/*.py" }}
+  - {name: kale-dags, mountPath: /opt/airflow/dags/{{ base $path }}, subPath: {{ base $path }}, readOnly: true}
+{{- end }}
+{{- end }}
+scheduler:
+  extraInitContainers:
+    # The Airflow pool of the GPU worker pod tasks, one slot per worker; --include-deferred so
+    # deferred pods hold their slot and the pool bounds the running pods.
+    # args, not command: the image's entrypoint waits for the database first.
+    - name: kale-pool
+      image: '{{`{{ template "airflow_image" . }}`}}'
+      imagePullPolicy: '{{`{{ .Values.images.airflow.pullPolicy }}`}}'
+      args: [airflow, pools, set, {{ $pool | quote }}, {{ .Values.config.max_workers | default 8 | quote }}, "Kale GPU worker pods", --include-deferred]
+      env:
+        - name: AIRFLOW__DATABASE__SQL_ALCHEMY_CONN
+          valueFrom:
+            secretKeyRef:
+              name: '{{`{{ template "airflow_metadata_secret" . }}`}}'
+              key: connection
+      volumeMounts:
+        - {name: config, mountPath: '{{`{{ .Values.airflowHome }}`}}/airflow.cfg', subPath: airflow.cfg, readOnly: true}
+      resources:
+        requests: {cpu: 50m, memory: 256Mi}
+        limits: {memory: 512Mi}
+      securityContext:
+        allowPrivilegeEscalation: false
+        capabilities: {drop: [ALL]}
 {{- end -}}

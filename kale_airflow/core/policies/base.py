@@ -32,6 +32,8 @@ class Reason(str, Enum):
     SCALE_LIMITED = "scale_limited"              # HPA rate limit cut the change
     CLAMPED = "clamped"                          # min/max/partition bound applied
     STATIC = "static"
+    HOLD_BUDGET = "hold_budget"                  # the fleet's GPU budget is held by other jobs
+    OVERRIDE = "override"                        # a calendar window or a manual pin sets the bounds
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,283 @@
+"""The fleet's arbiter, calendar overrides and pins: table tests and a brute-force check."""
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kale_airflow.core.fleet import (
+    JobDemand,
+    Override,
+    Pin,
+    admit,
+    allocate,
+    arbitrate,
+    best_split,
+    bounded,
+    bounds_at,
+    check_floors,
+    first_come,
+    violation_risk,
+    weighted_costs,
+)
+from kale_airflow.core.policies import Decision, Limits, Reason
+
+COUNTS = np.arange(65, dtype=float)
+
+
+def convex(want: int, per_worker_short: float = 10_000.0) -> np.ndarray:
+    """A plan-like cost: GPU-seconds of the count plus a convex price on the workers short."""
+    return 3600.0 * COUNTS + per_worker_short * np.maximum(want - COUNTS, 0.0) ** 2
+
+
+def demand(name, want, current=None, cost=None, **kw):
+    cost = convex(want) if cost is None else cost
+    return JobDemand(name, want, want if current is None else current, cost=cost, **kw)
+
+
+def utc(text: str) -> float:
+    return pd.Timestamp(text, tz="UTC").value / 1e9
+
+
+# ---------------------------------------------------------------- the split
+@pytest.mark.parametrize("seed", range(40))
+def test_best_split_is_exact_against_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    costs = [rng.integers(0, 50, rng.integers(1, 6)).astype(float) for _ in range(rng.integers(1, 5))]
+    spare = int(rng.integers(0, 12))
+    x = best_split(costs, spare)
+    best = min(sum(c[i] for c, i in zip(costs, xs))
+               for xs in itertools.product(*[range(len(c)) for c in costs]) if sum(xs) <= spare)
+    assert sum(x) <= spare and all(0 <= xi < len(c) for xi, c in zip(x, costs))
+    assert sum(c[i] for c, i in zip(costs, x)) == best
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_arbitrate_minimises_the_weighted_total_against_brute_force(seed):
+    rng = np.random.default_rng(100 + seed)
+    demands = []
+    for j in range(int(rng.integers(2, 4))):
+        want = int(rng.integers(2, 7))
+        cost = 3600.0 * COUNTS[:8] + rng.integers(0, 40_000, 8)  # any shape: not convex
+        risk = np.where(COUNTS[:8] < want - 1, rng.integers(0, 600, 8), 0.0)
+        demands.append(JobDemand(f"j{j}", want, int(rng.integers(1, want + 1)), min_workers=int(rng.integers(1, 3)),
+                                 priority=float(rng.integers(1, 4)), cost=cost, risk_s=risk))
+    asks = sum(max(d.min_workers, d.want) for d in demands)
+    floors = sum(d.min_workers for d in demands)
+    budget = int(rng.integers(floors, max(floors + 1, asks)))  # below the asks (where it can be): the split decides
+    targets = arbitrate(demands, budget)
+
+    ranges = [range(d.min_workers, max(d.min_workers, d.want) + 1) for d in demands]
+    priced = [weighted_costs(d, r.start, r.stop - 1) for d, r in zip(demands, ranges)]
+
+    def total(counts):
+        return sum(w[n - r.start] for w, r, n in zip(priced, ranges, counts))
+
+    best = min(total(c) for c in itertools.product(*ranges) if sum(c) <= budget)
+    assert sum(targets) <= budget
+    assert all(d.min_workers <= t <= max(d.min_workers, d.want) for d, t in zip(demands, targets))
+    assert total(targets) == pytest.approx(best, rel=1e-9)
+    assert arbitrate(demands, asks) == [max(d.min_workers, d.want) for d in demands]  # all fit: all get their ask
+
+
+def test_a_cheap_stay_beats_the_greedy_on_marginal_costs():
+    # a runs 4 and staying there pays no rescale pause: its first extra workers save little,
+    # the fourth saves much. A greedy on marginal costs feeds b and ends at 110; the DP
+    # finds a at 4, b at 2 (40).
+    a = JobDemand("a", 4, 4, cost=np.array([math.inf, 100.0, 99.0, 98.0, 0.0]))
+    b = JobDemand("b", 5, 5, cost=np.array([math.inf, 60.0, 40.0, 25.0, 15.0, 10.0]))
+    assert arbitrate([a, b], 6) == [4, 2]
+
+
+def test_a_job_is_cut_only_to_give_the_gpus_to_another():
+    # a asks to stay at 11 (its persistence window has not passed) although its plan is
+    # cheaper at 10; b's 11th worker is worth nothing to it. The budget binds, but cutting a
+    # helps nobody: a keeps its 11.
+    a = JobDemand("a", 11, 11, cost=convex(11) - np.where(COUNTS == 10, 50_000.0, 0.0))
+    b = JobDemand("b", 11, 10, cost=np.where(COUNTS >= 10, 0.0, 1e9))
+    assert weighted_costs(a, 1, 11).min() == weighted_costs(a, 1, 11)[-1]
+    assert arbitrate([a, b], 21) == [11, 10]
+
+
+@pytest.mark.parametrize("case, demands, budget, expected", [
+    ("fits: everyone gets what it asks",
+     [("a", 10, 1, 1.0), ("b", 20, 1, 1.0)], 30, [10, 20]),
+    ("tie: the job listed first gets the odd worker",
+     [("a", 10, 1, 1.0), ("b", 10, 1, 1.0)], 15, [8, 7]),
+    ("a job at its floor stays there",
+     [("a", 2, 2, 1.0), ("b", 30, 1, 1.0)], 10, [2, 8]),
+    ("priority: the job worth 3x gets twice the workers",
+     [("a", 10, 1, 1.0), ("b", 10, 1, 3.0)], 12, [4, 8]),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_arbitrate_table(case, demands, budget, expected):
+    ds = [demand(n, w, min_workers=lo, priority=p) for n, w, lo, p in demands]
+    assert arbitrate(ds, budget) == expected
+
+
+def test_the_floors_are_never_crossed_and_the_budget_never_exceeded():
+    ds = [demand("a", 40, min_workers=8), demand("b", 40, min_workers=8), demand("c", 40, min_workers=8)]
+    targets = arbitrate(ds, 30)
+    assert sum(targets) == 30 and min(targets) >= 8
+
+
+def test_a_budget_below_the_floors_names_the_jobs_and_their_floors():
+    with pytest.raises(ValueError, match=r"floors need 12 GPUs \(a 8, b 4\) but the budget is 10"):
+        check_floors({"a": 8, "b": 4}, 10)
+    with pytest.raises(ValueError, match="a 8, b 4"):
+        allocate([demand("a", 8, min_workers=8), demand("b", 4, min_workers=4)], 10)
+
+
+def test_first_come_takes_in_priority_then_listed_order_and_keeps_later_floors():
+    ds = [demand("a", 30, min_workers=2), demand("b", 30, min_workers=2), demand("c", 30, min_workers=2, priority=2)]
+    assert first_come(ds, 50) == [18, 2, 30]
+
+
+# ---------------------------------------------------------------- admission and messages
+def test_a_scale_down_holds_its_gpus_and_the_scale_up_waits_for_them():
+    a = demand("a", 10, current=20)   # going down: holds 20 through its pause
+    b = demand("b", 20, current=10)   # going up by 10
+    assert admit([a, b], [10, 20], 30) == [10, 10]
+    out = allocate([a, b], 30)
+    assert out["a"].workers == 10 and not out["a"].held_back
+    assert out["b"].workers == 10 and out["b"].target == 20 and out["b"].held_back
+    assert out["b"].reason is Reason.HOLD_BUDGET
+    assert "waits at 10 for the 10 GPUs its scale-up to 20 needs: a release them" in out["b"].message
+    # Once a's pause is over (it holds 10), b starts.
+    assert allocate([demand("a", 10), b], 30)["b"].workers == 20
+
+
+def staying(want, current):
+    """A demand whose plan makes every rescale expensive: it keeps its count."""
+    return demand("b" if current == 5 else "a", want, current, cost=convex(want) + np.where(COUNTS != current, 1e6, 0))
+
+
+def test_a_job_held_back_is_told_who_holds_the_gpus_and_why():
+    out = allocate([staying(10, 10), staying(10, 5)], 15)
+    b = out["b"]
+    assert (b.workers, b.target, b.want, b.held_back) == (5, 5, 10, True)
+    assert b.holders == (("a", 10),)
+    assert b.message.startswith("b gets 5 of the 10 workers it asks for: the 5 more would save it")
+    assert "(budget 15 GPUs: a 10)" in b.message
+    assert json.loads(json.dumps(b.to_dict()))["reason"] == "hold_budget"
+    fcfs = allocate([staying(10, 10), staying(10, 5)], 15, rule="fcfs")["b"]
+    assert "jobs before it in the first-come order took the rest" in fcfs.message
+
+
+def test_a_job_rescaling_keeps_its_count():
+    a = JobDemand("a", 30, 20, cost=convex(30), held=25, locked=True)
+    b = demand("b", 30, current=1)
+    out = allocate([a, b], 40)
+    assert out["a"].workers == 20 and not out["a"].held_back
+    assert out["b"].target == 20 and out["b"].workers == 1  # waits: a still holds 25 through its pause
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"priority": 0.0}, "priority must be > 0"),
+    ({"min_workers": 5, "max_workers": 4}, "max_workers .4. is below min_workers .5."),
+    ({"held": 1}, "held >= current"),
+])
+def test_bad_demands_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        JobDemand("a", 3, 3, **kwargs)
+
+
+def test_unknown_rule_and_duplicate_names_are_refused():
+    with pytest.raises(ValueError, match="unknown rule"):
+        allocate([demand("a", 1)], 4, rule="lottery")
+    with pytest.raises(ValueError, match="unique"):
+        allocate([demand("a", 1), demand("a", 1)], 4)
+
+
+# ---------------------------------------------------------------- risk
+CAP = np.arange(11) * 100.0  # 100 samples/s per worker
+
+
+@pytest.mark.parametrize("case, rate, fresh, backlog, count, expected", [
+    ("keeping up, no queue", 500.0, 0.0, 0.0, 5, 0.0),
+    ("a little short: crosses the SLO late", 500.0, 0.0, 0.0, 4, 3600 - 90 - (300 - 90) / 0.2),
+    ("far short: almost the whole horizon", 500.0, 0.0, 0.0, 0, 3600 - 90 - 210),
+    ("past the SLO, staying exactly at the rate", 500.0, 400.0, 400 * 500.0, 5, 3600.0),
+    ("past the SLO, draining", 500.0, 400.0, 400 * 500.0, 10, 90 + (490 - 300) / 1.0),
+    ("a queue from a burst ages even at the rate", 500.0, 200.0, 200 * 800.0, 5, 3600 - (300 - 200) / (1 - 5 / 8)),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_violation_risk_table(case, rate, fresh, backlog, count, expected):
+    risk = violation_risk(CAP, rate, fresh, 5, 300.0, 90.0, 3600.0, backlog)
+    assert risk[count] == pytest.approx(expected)
+
+
+def test_risk_is_priced_by_priority_and_the_violation_price():
+    d = JobDemand("a", 4, 4, priority=2.0, cost=np.zeros(5), risk_s=np.array([9.0, 5.0, 1.0, 0.0, 0.0]))
+    np.testing.assert_allclose(weighted_costs(d, 1, 4, violation_gpus=10.0), [100.0, 20.0, 0.0, 0.0])
+    only_ok = JobDemand("a", 4, 4, cost=np.zeros(5), slo_ok=np.array([0, 0, 1, 1, 1], dtype=bool), horizon_s=60.0)
+    np.testing.assert_allclose(weighted_costs(only_ok, 1, 4, violation_gpus=1.0), [60.0, 0.0, 0.0, 0.0])
+
+
+# ---------------------------------------------------------------- overrides and pins
+WEEKDAYS = Override(min_workers=8, cron="0 8 * * 1-5", duration_s=10 * 3600, name="office hours")
+XMAS = Override(max_workers=4, start_s=utc("2026-12-24"), end_s=utc("2026-12-27"))
+LIMITS = Limits(1, 32)
+
+
+@pytest.mark.parametrize("case, now, overrides, pins, expected", [
+    ("no window", "2026-12-01 03:00", [WEEKDAYS], [], (1, 32, None)),
+    ("weekday window open", "2026-12-01 09:00", [WEEKDAYS], [], (8, 32, Reason.OVERRIDE)),
+    ("opens exactly at the cron time", "2026-12-01 08:00", [WEEKDAYS], [], (8, 32, Reason.OVERRIDE)),
+    ("closed after its duration", "2026-12-01 18:00", [WEEKDAYS], [], (1, 32, None)),
+    ("closed on Saturday", "2026-12-05 09:00", [WEEKDAYS], [], (1, 32, None)),
+    ("dated cap", "2026-12-25 12:00", [XMAS], [], (1, 4, Reason.OVERRIDE)),
+    ("dated window ends before its end", "2026-12-27 00:00", [XMAS], [], (1, 32, None)),
+    ("a floor over a cap wins", "2026-12-24 09:00", [WEEKDAYS, XMAS], [], (8, 8, Reason.OVERRIDE)),
+    ("clipped to the limits", "2026-12-01 09:00", [Override(min_workers=99, cron="0 8 * * *", duration_s=3600 * 4)],
+     [], (32, 32, Reason.OVERRIDE)),
+    ("a pin sets both", "2026-12-01 09:00", [WEEKDAYS], [Pin(3, utc("2026-12-01 12:00"))], (3, 3, Reason.OVERRIDE)),
+    ("an expired pin is gone", "2026-12-01 13:00", [], [Pin(3, utc("2026-12-01 12:00"))], (1, 32, None)),
+    ("the last live pin wins", "2026-12-01 09:00", [],
+     [Pin(3, utc("2026-12-02")), Pin(5, utc("2026-12-01 10:00"))], (5, 5, Reason.OVERRIDE)),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_bounds_table(case, now, overrides, pins, expected):
+    b = bounds_at(LIMITS, utc(now), overrides, pins)
+    assert (b.min_workers, b.max_workers, b.reason) == expected
+
+
+def test_bounds_say_until_when_they_hold():
+    assert bounds_at(LIMITS, utc("2026-12-01 09:00"), [WEEKDAYS]).until_s == utc("2026-12-01 18:00")
+    assert bounds_at(LIMITS, utc("2026-12-01 19:00"), [WEEKDAYS]).until_s == utc("2026-12-02 08:00")
+    assert bounds_at(LIMITS, utc("2026-12-20"), [XMAS]).until_s == utc("2026-12-24")
+    assert bounds_at(LIMITS, utc("2026-12-28"), [XMAS]).until_s == math.inf
+
+
+def test_a_decision_moved_by_a_window_carries_the_override_reason():
+    b = bounds_at(LIMITS, utc("2026-12-01 09:00"), [WEEKDAYS])
+    d = bounded(Decision(3, Reason.SCALE_DOWN_FORECAST, "3 workers carry it"), b)
+    assert d.workers == 8 and d.reason is Reason.OVERRIDE
+    assert d.message == ("schedule override office hours: cron '0 8 * * 1-5' for 10 h (min 8): 8 workers instead of 3 "
+                         "(3 workers carry it)")
+    inside = Decision(12, Reason.HOLD, "fine")
+    assert bounded(inside, b) is inside
+    pinned = bounds_at(LIMITS, utc("2026-12-01 09:00"), pins=[Pin(6, utc("2026-12-01 12:00"), "incident 42")])
+    assert pinned.message == "pinned to 6 workers until 2026-12-01 12:00 (incident 42)"
+
+
+def test_overrides_and_pins_from_config_mappings():
+    o = Override.from_dict({"cron": "0 8 * * 1-5", "duration": "10h", "min_workers": 8})
+    assert o.duration_s == 36000 and o.window(utc("2026-12-01 09:00"))[0]
+    d = Override.from_dict({"start": "2026-12-24", "end": "2026-12-27T00:00:00+01:00", "max_workers": 4})
+    assert d.start_s == utc("2026-12-24") and d.end_s == utc("2026-12-26 23:00")
+    assert Pin.from_dict({"workers": 6, "until": "2026-12-01T12:00"}).until_s == utc("2026-12-01 12:00")
+
+
+@pytest.mark.parametrize("doc, match", [
+    ({"cron": "0 8 * * 1-5", "duration": "10h"}, "give min_workers, max_workers or both"),
+    ({"cron": "not a cron", "duration": "1h", "min_workers": 2}, "needs five valid fields"),
+    ({"cron": "0 8 * * *", "min_workers": 2}, "positive duration"),
+    ({"start": "2026-12-24", "min_workers": 2}, "end must come after start"),
+    ({"min_workers": 2}, "either cron .with duration. or start and end"),
+    ({"cron": "0 8 * * *", "duration": "1h", "min_workers": 4, "max_workers": 2}, "below min_workers"),
+    ({"cron": "0 8 * * *", "duration": "1h", "min": 4}, "unknown key"),
+])
+def test_bad_overrides_are_refused(doc, match):
+    with pytest.raises(ValueError, match=match):
+        Override.from_dict(doc)

@@ -1,0 +1,67 @@
+"""The Trainer boundary: loading one by name, what a checkpoint must hold for it, and a second
+trainer (JSON payloads, linear regression: tests/runtime/trainers.py) run by the same runtime."""
+
+import json
+
+import pytest
+import torch
+
+from kale_airflow.core.slices import Slice
+from kale_airflow.runtime.model import CTRTrainer
+from kale_airflow.runtime.trainer import RUNTIME_KEYS, Trainer, TrainerError, check_state_keys, load_trainer, state_problem
+from kale_airflow.runtime.worker import Worker
+from kale_airflow.stream.embedded import EmbeddedStream
+from tests.conftest import audit_coverage
+from tests.runtime.trainers import TRUE_W, JSONRegression, make_payloads
+
+SPEC = "tests.runtime.trainers:JSONRegression"
+
+
+def test_a_trainer_is_named_module_colon_attribute_or_is_the_ctr_model():
+    assert isinstance(load_trainer(None), CTRTrainer) and load_trainer(None, lr=0.5).lr == 0.5
+    made = load_trainer(SPEC)  # a class: made without arguments
+    assert isinstance(made, JSONRegression) and isinstance(made, Trainer)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("no-colon", "is not 'module:attribute'"),
+    ("no_such_module_kale:X", "cannot import no_such_module_kale"),
+    ("tests.runtime.trainers:Nope", "has no attribute Nope"),
+    ("tests.runtime.trainers:make_payloads", "cannot be made without arguments"),
+    ("tests.runtime.trainers:FEATURES", "is not a Trainer: it lacks build, decode"),
+], ids=["syntax", "module", "attribute", "needs-arguments", "not-a-trainer"])
+def test_a_trainer_that_cannot_be_loaded_is_refused_naming_why(spec, message):
+    with pytest.raises(TrainerError, match=message):
+        load_trainer(spec)
+
+
+def test_a_checkpoint_must_hold_the_trainers_keys_with_the_same_shapes():
+    mine = {"model": {"w": torch.zeros(2, 3)}, "optim": {"state": {}, "param_groups": []}}
+    assert state_problem(mine, {"model": {"w": torch.ones(2, 3)}, "optim": {}, "steps": 1}) is None
+    assert "needs model, optim, steps" in state_problem(mine, {"model": {}, "steps": 1})
+    assert "another model" in state_problem(mine, {"model": {"w": torch.ones(3)}, "optim": {}, "steps": 1})
+    assert "not a kale-airflow checkpoint" in state_problem(mine, [1, 2])
+    check_state_keys(mine)
+    with pytest.raises(TrainerError, match="uses steps"):
+        check_state_keys({"steps": 1, "model": {}})
+    assert "slices" in RUNTIME_KEYS
+
+
+def test_the_runtime_trains_another_trainers_payloads_with_the_same_audit(tmp_path):
+    s = EmbeddedStream(tmp_path / "s.db", partitions=2)
+    for p in range(2):
+        s.append(p, make_payloads(600, p) + ([b"{not json", json.dumps({"x": [1.0], "y": 0}).encode()] if p else []))
+        s.append(p, make_payloads(600, 10 + p))
+    w = Worker(s, "j", [Slice(0), Slice(1, 0.0, 0.5), Slice(1, 0.5, 1.0)], tmp_path / "ck", batch_size=60,
+               trainer=SPEC, audit=tmp_path / "audit.csv", checkpoint_every=5)
+    out = w.run(exit_when_idle=True)
+    assert out["malformed"] == 2 and out["trained"] == 2400
+    weights = w.module.weight.detach().numpy().ravel()
+    assert abs(weights - TRUE_W).max() < 0.2, weights  # it learned the regression
+    seen = audit_coverage(tmp_path / "audit.csv")
+    assert set(seen[0]) == set(range(1200)) and set(seen[1]) == set(range(1202))
+    assert max(max(v.values()) for v in seen.values()) == 1
+    again = Worker(s, "j", [Slice(0)], tmp_path / "ck", trainer=SPEC)  # its checkpoint restores it
+    assert again.steps == w.steps and torch.equal(again.module.weight, w.module.weight)
+    with pytest.raises(Exception, match="another model|not a kale-airflow checkpoint"):
+        Worker(s, "j", [Slice(0)], tmp_path / "ck")  # the CTR model cannot take the regression's checkpoint
