@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from kale_airflow.reporting.results import write_json
+from tests.stream.reference import per_slice_backlog
 
 INTERVAL = 15.0  # seconds of virtual time between pokes
 CLIENT = "kale-autoscaler"  # the autoscaler's client id: its requests are counted apart
@@ -163,25 +164,6 @@ class Traffic:
         self.commits.close()
 
 
-def legacy_backlog(stream, group: str, assignment: dict, now: float) -> tuple[float, float]:
-    """The backlog as the autoscaler computed it before committed_many/timestamps_at: one
-    ``committed`` and one ``read`` per slice (kept here for the before/after comparison)."""
-    from kale_airflow.core.slices import slices_for
-
-    ends = stream.end_offsets()
-    backlog, oldest = 0.0, now
-    for w in assignment:
-        for sl in slices_for({"assignment": assignment}, int(w)):
-            pos = stream.committed(f"{group}/{sl.group_suffix}", sl.partition)
-            pending = ends.get(sl.partition, 0) - pos
-            if pending > 0:
-                backlog += pending * (sl.hi - sl.lo)
-                rec = stream.read(sl.partition, pos, 1)
-                if rec:
-                    oldest = min(oldest, rec[0].ts)
-    return backlog, max(0.0, now - oldest)
-
-
 def cpu_s(broker) -> tuple[float, float]:
     """CPU seconds so far of this process (librdkafka's threads included) and of the broker."""
     t = broker.cpu_times()
@@ -264,7 +246,7 @@ def legacy_run(bootstrap, topic, proxy, traffic, doc, now: float, rounds: int = 
     lat, rows = [], []
     for i in range(rounds):
         traffic.advance(now + INTERVAL * (i + 1))
-        ms, reqs, _ = timed(proxy, "kale-legacy", lambda: legacy_backlog(stream, "kale", doc["assignment"], now))
+        ms, reqs, _ = timed(proxy, "kale-legacy", lambda: per_slice_backlog(stream, "kale", doc["assignment"], now))
         lat.append(ms)
         rows.append(reqs)
     stream.close()

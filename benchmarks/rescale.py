@@ -1,7 +1,7 @@
 """Rescale pauses: warm ranks against today's full restart, on this machine, and the
 exactly-once audit of warm rescales with crashes.
 
-    .venv/bin/python benchmarks/rescale.py [--json OUT] [--reps 5] [--modes emulated,real]
+    .venv/bin/python benchmarks/rescale.py [--json OUT] [--reps 5] [--restart-reps N] [--modes emulated,real]
 
 A local deployment (SQLite control plane, embedded stream fed continuously) is rescaled the
 way the DAGs rescale it (apply, rebalance, ``start_local``) through 1 -> 2 -> 4 -> 2 -> 3 ->
@@ -141,7 +141,9 @@ def report(summary: dict, audit: dict | None) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "rescale.json"))
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=5, help="cycles through the sequence on the warm path")
+    ap.add_argument("--restart-reps", type=int, default=None,
+                    help="cycles on the restart path (default --reps; each of its changes takes 30-60 s here)")
     ap.add_argument("--modes", default="emulated,real")
     ap.add_argument("--no-audit", action="store_true")
     args = ap.parse_args()
@@ -151,7 +153,7 @@ def main() -> int:
         tmp = Path(t)
         for mode in args.modes.split(","):
             for warm in (True, False):
-                rows += run_path(tmp, mode, warm, args.reps)
+                rows += run_path(tmp, mode, warm, args.reps if warm or args.restart_reps is None else args.restart_reps)
         audit = None if args.no_audit else audit_run(tmp)
     summary = summarize(rows)
     warm_all = [r for r in rows if r["path"] == "warm" and r["change"] in CHANGES]
@@ -163,7 +165,8 @@ def main() -> int:
     write_json(args.json, {
         "machine": {"cpus": os.cpu_count(), "load_average_before": load_before,
                     "load_average_after": os.getloadavg()[0], "wall_s": time.time() - t0},
-        "settings": {"sequence": SEQUENCE, "reported_changes": CHANGES, "reps": args.reps, "modes": MODES,
+        "settings": {"sequence": SEQUENCE, "reported_changes": CHANGES, "reps": args.reps,
+                     "restart_reps": args.reps if args.restart_reps is None else args.restart_reps, "modes": MODES,
                      "hold_s": HOLD_S, "warm_wait_s": 120.0},
         "targets": TARGETS, "measured": met,
         "targets_met": all(met[k] <= TARGETS[k] for k in TARGETS),

@@ -159,13 +159,16 @@ class Autoscaler:
 
         A rescale's pause runs from the decision naming the new generation (the old one
         checkpoints and stops then) to the moment all of the new generation's workers began
-        training (their first heartbeat). Each generation's pause is measured once, the last
+        training (their first heartbeat); the first generation's start paused nothing and is
+        not one. Each generation's pause is measured once, the last
         ``PAUSES_KEPT`` are kept in the control store, and :func:`planned_downtime` turns them
         into the value the policy uses (the configured ``rescale_downtime_s`` is the floor)."""
         dep = self.dep
         rec = self.state.get_value(PAUSES_KEY) or {"generation": None, "pauses": []}
         meta = self.state.get_value("generation_meta") or {}
-        if cur and cur["generation"] != rec["generation"] and meta.get("since") and cur["workers"]:
+        # The first generation (none before it) paused nothing: its start is not a rescale.
+        first = "previous" in meta and meta["previous"] is None
+        if cur and cur["generation"] != rec["generation"] and meta.get("since") and cur["workers"] and not first:
             seen = self.state.workers_seen(cur["generation"])
             started = [r["started"] for r in seen.values() if "started" in r]
             if len(started) >= cur["workers"]:

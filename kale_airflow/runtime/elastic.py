@@ -125,14 +125,15 @@ def settle(present: bool, superseded: bool, expired: bool) -> str | None:
 def merge_pause(rec: dict | None, generation: str, seconds: float, kind: str, kept: int = PAUSES_KEPT) -> dict:
     """The ``rescale_pauses`` record with this generation's pause: appended (the oldest
     dropped past ``kept``) with its kind in the parallel ``kinds`` list, or, when the record
-    already names the generation (the autoscaler measured it first), its kind filled in.
-    Pauses appended without a kind (by a writer that does not know kinds) get None."""
+    already names the generation (the autoscaler estimated it first, from the decision to
+    every worker's start), replaced by this measurement with its kind. Pauses appended
+    without a kind (by a writer that does not know kinds) get None."""
     rec = dict(rec or {"generation": None, "pauses": []})
     pauses = list(rec.get("pauses", []))
     kinds = list(rec.get("kinds", []))[:len(pauses)]
     kinds += [None] * (len(pauses) - len(kinds))
     if rec.get("generation") == generation and pauses:
-        kinds[-1] = kind
+        pauses[-1], kinds[-1] = round(float(seconds), 3), kind
     else:
         pauses, kinds = pauses + [round(float(seconds), 3)], kinds + [kind]
     return {**rec, "generation": generation, "pauses": pauses[-kept:], "kinds": kinds[-kept:]}

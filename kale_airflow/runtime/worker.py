@@ -954,8 +954,11 @@ class Job:
                 st.set_value(RESTART_KEY.format(generation=rec["generation"]), rec)
                 return
             st.set_value(RESCALE_KEY.format(generation=rec["generation"]), rec)
-            if rec["pause_s"] is not None:
-                st.set_value(PAUSES_KEY, merge_pause(st.get_value(PAUSES_KEY), rec["generation"], rec["pause_s"],
+            # What the planner prices is the time training stopped: from the old generation's
+            # last step to the new one's first (the old one trains on while added ranks start).
+            stopped = rec["gap_s"] if rec["gap_s"] is not None else rec["pause_s"]
+            if stopped is not None:
+                st.set_value(PAUSES_KEY, merge_pause(st.get_value(PAUSES_KEY), rec["generation"], stopped,
                                                      rec["kind"]))
 
         try:

@@ -244,7 +244,8 @@ class StateStore:
             return self._made_by(c, decision)
         if not self._swap_current(c, expected, name):
             raise _Superseded
-        c.execute(self._upsert("generation_meta", json.dumps({"workers": workers, "since": now})))
+        c.execute(self._upsert("generation_meta", json.dumps({"workers": workers, "since": now,
+                                                               "previous": expected})))
         return AppliedGeneration(APPLIED, name, workers, False)
 
     def _made_by(self, c, decision: str) -> AppliedGeneration | None:

@@ -17,6 +17,7 @@ from kale_airflow.core.throughput import ThroughputModel
 from kale_airflow.metrics.embedded import EmbeddedMetrics
 from kale_airflow.registry.mlflow_registry import RegistryUnavailable
 from kale_airflow.stream.embedded import EmbeddedStream
+from tests.stream.reference import per_slice_backlog
 
 NOW = 1_800_000_000.0
 PER_WORKER = 1000.0  # samples/s of one worker in the fake cluster
@@ -238,6 +239,24 @@ def test_the_measured_rescale_pause_is_what_the_policy_plans_with(home):
     assert auto.policy.config.rescale_downtime_s == pytest.approx(43, abs=1e-3)
 
 
+def test_the_first_generations_start_is_not_a_rescale_pause(home):
+    """Bug: the cold start of the first generation (nothing was training, so nothing paused)
+    measured as a rescale pause: the planner then prices every later warm rescale at the
+    import-and-build time of a new job and never scales down."""
+    auto = autoscaler(home, rescale_downtime_s=2)
+    first = auto.state.apply_generation("d1", "run1", None, 4)
+    since = auto.state.get_value("generation_meta")["since"]
+    for w in range(4):
+        auto.state.worker_seen(first.generation, w, "running", now=since + 20)
+    assert auto.downtime_s(auto.state.current()) == 2
+    assert auto.state.get_value("rescale_pauses") is None
+    second = auto.state.apply_generation("d2", "run2", first.generation, 3)
+    since = auto.state.get_value("generation_meta")["since"]
+    for w in range(3):
+        auto.state.worker_seen(second.generation, w, "running", now=since + 5)
+    assert auto.downtime_s(auto.state.current()) == pytest.approx(5, abs=1e-3)
+
+
 def test_a_dry_run_measures_the_pause_without_storing_it(home):
     auto = autoscaler(home, rescale_downtime_s=8)
     running(auto, 1)
@@ -246,25 +265,6 @@ def test_a_dry_run_measures_the_pause_without_storing_it(home):
     auto.poke(NOW, record=False)
     assert auto.planned_downtime_s == pytest.approx(20, abs=1e-3)
     assert auto.state.get_value("rescale_pauses") is None
-
-
-def per_slice_backlog(stream, group, assignment, now):
-    """The backlog as the autoscaler computed it with one ``committed`` and one ``read`` per
-    slice (before ``committed_many``/``timestamps_at``): the reference the batched one must equal."""
-    from kale_airflow.core.slices import slices_for
-
-    ends = stream.end_offsets()
-    backlog, oldest = 0.0, now
-    for w in assignment:
-        for sl in slices_for({"assignment": assignment}, int(w)):
-            pos = stream.committed(f"{group}/{sl.group_suffix}", sl.partition)
-            pending = ends.get(sl.partition, 0) - pos
-            if pending > 0:
-                backlog += pending * (sl.hi - sl.lo)
-                rec = stream.read(sl.partition, pos, 1)
-                if rec:
-                    oldest = min(oldest, rec[0].ts)
-    return backlog, max(0.0, now - oldest)
 
 
 class CountingStream:

@@ -78,9 +78,10 @@ def test_pauses_append_with_their_kind_in_the_autoscalers_format():
     assert rec == {"generation": "g2", "pauses": [1.235], "kinds": [WARM]}
     rec = merge_pause(rec, "g3", 30.0, RESTART)
     assert rec == {"generation": "g3", "pauses": [1.235, 30.0], "kinds": [WARM, RESTART]}
-    # the autoscaler measured g4 first (no kinds): the kind is filled in, nothing appended twice
-    theirs = {"generation": "g4", "pauses": [1.235, 30.0, 2.0], "kinds": [WARM, RESTART]}
-    assert merge_pause(theirs, "g4", 2.5, WARM) == {"generation": "g4", "pauses": [1.235, 30.0, 2.0],
+    # the autoscaler estimated g4 first (no kinds): rank 0's measurement and kind replace it,
+    # nothing appended twice
+    theirs = {"generation": "g4", "pauses": [1.235, 30.0, 20.0], "kinds": [WARM, RESTART]}
+    assert merge_pause(theirs, "g4", 2.5, WARM) == {"generation": "g4", "pauses": [1.235, 30.0, 2.5],
                                                     "kinds": [WARM, RESTART, WARM]}
     old = {"generation": "g1", "pauses": [5.0, 6.0]}  # written before kinds existed
     assert merge_pause(old, "g2", 1.0, WARM, kept=2) == {"generation": "g2", "pauses": [6.0, 1.0],

@@ -43,6 +43,8 @@ def test_ten_warm_rescales_with_three_kills_train_every_sample_once_and_replay_o
     assert [(records[k]["from_world"], records[k]["to_world"]) for k in warm] == [(SIZES[k - 1], SIZES[k]) for k in warm]
     pauses = d.store.get_value(PAUSES_KEY)
     assert pauses["kinds"][-1] == WARM and len(pauses["pauses"]) == len(pauses["kinds"]) == 5
+    # the planner's pause is the time training stopped (last old step to first new step)
+    assert pauses["pauses"][-1] == pytest.approx(records[-1]["gap_s"], abs=1e-3)
 
     audit = exactly_once_audit(audit_rows(d.audit), 3, ends, every)
     assert audit["samples"] == sum(ends.values()) > 0

@@ -19,8 +19,8 @@ from kale_airflow.control.autoscaler import stream_backlog
 from kale_airflow.core.rebalance import assign
 from kale_airflow.core.slices import slices_for
 from kale_airflow.stream.kafka import KafkaStream
-from tests.control.test_autoscaler import per_slice_backlog
 from tests.stream.kafka_proxy import requests_between
+from tests.stream.reference import per_slice_backlog
 
 pytestmark = pytest.mark.kafka
 
@@ -95,11 +95,14 @@ def test_the_requests_of_a_backlog_do_not_grow_with_the_slices(counted_kafka):
     small = backlog_requests(counted_kafka, topic, generation(counted_kafka, topic, 8, 4), "auto-8")
     large = backlog_requests(counted_kafka, topic, generation(counted_kafka, topic, 64, 32), "auto-64")
     # The topic's partitions (Metadata), their ends (ListOffsets), the job group (OffsetFetch),
-    # whatever the slices: 8 and 64 whole-partition slices ask the same.
+    # whatever the slices: 8 and 64 whole-partition slices ask the same, once each (twice at
+    # most: librdkafka may refresh its metadata or retry once on a loaded machine).
     for rows in (small, large):
         for row in rows:
-            assert {k: n for k, n in row.items() if k != "Fetch"} == {"Metadata": 1, "ListOffsets": 1,
-                                                                       "OffsetFetch": 1}, rows
+            others = {k: n for k, n in row.items() if k != "Fetch"}
+            assert set(others) == {"Metadata", "ListOffsets", "OffsetFetch"}, rows
+            assert all(1 <= n <= 2 for n in others.values()), rows
+        assert min(r["ListOffsets"] + r["OffsetFetch"] for r in rows) == 2, rows
     # One fetch of every pending position together; librdkafka may send a second while the
     # partitions of a new assignment start, never one per slice.
     assert min(r["Fetch"] for r in small) <= 2 and min(r["Fetch"] for r in large) <= 2, (small, large)
