@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 OUT ?= out
 
-.PHONY: demo simulate test bench mutation install clean
+.PHONY: demo simulate test bench mutation chaos install clean
 
 install: $(STAMP)
 
@@ -30,6 +30,11 @@ bench: $(STAMP)
 # Mutation testing of the critical modules (about 20 minutes): benchmarks/results/mutation.json.
 mutation: $(STAMP)
 	$(BIN)/python benchmarks/mutation.py
+
+# Fault drills on loopback servers (PostgreSQL and broker outages, concurrent applies, damaged
+# checkpoints, an emptied broker, password masking; about 10 minutes): benchmarks/results/chaos.json.
+chaos: $(STAMP)
+	$(BIN)/python benchmarks/chaos.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -113,7 +113,7 @@ from kale_airflow.runtime.elastic import (
 )
 from kale_airflow.runtime.supervise import EXIT_DEPENDENCY, EXIT_REFUSED, EXIT_RENDEZVOUS
 from kale_airflow.runtime.trainer import Decoded, check_state_keys, load_trainer, state_problem
-from kale_airflow.stream.base import StreamPositionError
+from kale_airflow.stream.base import PatientStream, StreamPositionError
 
 __all__ = ["CONTROL_PLANE", "DEFAULT_PORT", "RENDEZVOUS_KEY", "Worker", "main", "start_positions"]
 log = logging.getLogger("kale.worker")
@@ -122,6 +122,9 @@ CHECKPOINT = "model.pt"
 PREVIOUS = "model.prev.pt"  # the checkpoint before the newest: the fallback when the newest cannot be read
 POSITION_CHECK_S = 5.0  # at most this often, a slice that reads nothing checks its position against the log
 STOPPED_WAIT_S = 60.0  # how long the final "stopped" heartbeat (a handover waits on it) is retried
+# Seconds a rank waits out an unreachable stream: below the process group's 120 s collective
+# timeout, so the ranks that still wait in an all-reduce do not fail first.
+STREAM_OUTAGE_S = 90.0
 GENERATION_POLL_S = 0.25  # how often rank 0 looks for a newer generation while training (one cheap read)
 START_REASON_ENV = "KALE_START_REASON"  # why the supervisor started this process (crash restart, scale-up, ...)
 
@@ -766,7 +769,8 @@ class Job:
         if self.warm and (link is None or not args.rendezvous):
             raise SystemExit("warm ranks (--warm-wait) read their generations from the control-plane database and "
                              "meet at a rendezvous: set KALE_DATABASE_URL and --rendezvous, or --warm-wait 0")
-        self.stream = open_stream(args.stream)
+        # A broker outage shorter than the process group's collective timeout is waited out.
+        self.stream = PatientStream(open_stream(args.stream), args.stream_outage, log)
         self.replica = build_replica(args.trainer, args.device, self.slot, args.amp)
         self.rdzv = (Rendezvous(args.rendezvous, self.slot, link, signalled=lambda: bool(_signalled))
                      if args.rendezvous else None)
@@ -1030,6 +1034,9 @@ def _elastic_arguments(ap: argparse.ArgumentParser) -> argparse.ArgumentParser: 
                     help="with --warm-wait, on rank 0: when a larger generation is named, keep training up to this "
                     "many seconds until its added slots report ready (the local pool starts them at once); 0: stop "
                     "at once")
+    ap.add_argument("--stream-outage", type=float, default=STREAM_OUTAGE_S,
+                    help="seconds a rank retries a stream that cannot be reached (a broker restart) before it "
+                    f"fails and the job restarts from its checkpoint (default {STREAM_OUTAGE_S:g}); 0: fail at once")
     ap.add_argument("--generation-poll", type=float, default=GENERATION_POLL_S,
                     help="seconds between rank 0's reads of the current generation while training")
     return ap

@@ -1,7 +1,7 @@
 """Sample stream backends behind one protocol (:class:`~.base.Stream`): embedded (SQLite,
 default) and Kafka, opened by URL."""
 
-from kale_airflow.stream.base import Record, Stream, StreamError, StreamPositionError
+from kale_airflow.stream.base import Record, Stream, StreamError, StreamPositionError, StreamUnavailable
 
 
 EMBEDDED = "sqlite:///"
@@ -41,4 +41,4 @@ def open_stream(url: str) -> Stream:
     return KafkaStream.from_url(url)
 
 
-__all__ = ["Record", "Stream", "StreamError", "StreamPositionError", "check_stream_url", "open_stream"]
+__all__ = ["Record", "Stream", "StreamError", "StreamPositionError", "StreamUnavailable", "check_stream_url", "open_stream"]

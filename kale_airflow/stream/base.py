@@ -82,6 +82,38 @@ class StreamError(KaleError, RuntimeError):
         super().__init__(masked(message))
 
 
+class StreamUnavailable(StreamError):
+    """The stream's servers cannot be reached or did not answer in time (a broker restart, a
+    network partition): the same request may succeed once they are back."""
+
+
+def patient(call, outage_s: float, what: str, log):
+    """``call`` retried while it raises :class:`StreamUnavailable`, with a backoff from 0.5 s
+    to 5 s, for at most ``outage_s`` (then the last error is raised); each wait is logged."""
+    from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+    def before_sleep(state):
+        log.warning("stream unavailable for %s (%s); retrying for up to %.0f s", what, state.outcome.exception(),
+                    outage_s)
+
+    return Retrying(retry=retry_if_exception_type(StreamUnavailable), stop=stop_after_delay(outage_s),
+                    wait=wait_exponential(multiplier=0.5, max=5.0), before_sleep=before_sleep, reraise=True)(call)
+
+
+class PatientStream:
+    """A stream whose every call rides out an outage of up to ``outage_s`` (see :func:`patient`);
+    attributes that are not methods pass through."""
+
+    def __init__(self, stream, outage_s: float, log):
+        self._stream, self._outage_s, self._log = stream, outage_s, log
+
+    def __getattr__(self, name):
+        attr = getattr(self._stream, name)
+        if not callable(attr) or self._outage_s <= 0:
+            return attr
+        return lambda *a, **k: patient(lambda: attr(*a, **k), self._outage_s, name, self._log)
+
+
 class StreamPositionError(StreamError):
     """A consumer position lies outside its partition's log (past the log end, or below the
     log start); the message names partition, position and the log's range."""

@@ -81,7 +81,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from kale_airflow.core.slices import Slice
-from kale_airflow.stream.base import Record, StreamError, StreamPositionError
+from kale_airflow.stream.base import Record, StreamError, StreamPositionError, StreamUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -453,7 +453,23 @@ class KafkaStream:
         except StreamError:
             raise
         except Exception as exc:  # noqa: BLE001 - KafkaException, timeouts
-            raise StreamError(f"Kafka {what} failed on {self.bootstrap} (topic {self.topic!r}): {exc}") from None
+            raise self._failure(f"Kafka {what} failed on {self.bootstrap} (topic {self.topic!r})", exc) from None
+
+    def _failure(self, message: str, exc: BaseException) -> StreamError:
+        """The error to raise for a client exception: :class:`StreamUnavailable` when the brokers
+        could not be reached or did not answer in time (worth retrying), else :class:`StreamError`."""
+        kind = getattr(self._ck, "KafkaError", None)
+        err = exc.args[0] if kind is not None and exc.args and isinstance(exc.args[0], kind) else None
+        transient = isinstance(exc, TimeoutError) or (err is not None and not err.fatal() and (
+            err.retriable() or err.code() in self._unreachable))
+        detail = str(exc) or type(exc).__name__
+        return (StreamUnavailable if transient else StreamError)(f"{message}: {detail}")
+
+    @property
+    def _unreachable(self) -> set:
+        e = self._ck.KafkaError
+        return {e._TRANSPORT, e._TIMED_OUT, e._ALL_BROKERS_DOWN, e._MSG_TIMED_OUT, e.REQUEST_TIMED_OUT,
+                e.NOT_COORDINATOR, e.COORDINATOR_NOT_AVAILABLE, e.COORDINATOR_LOAD_IN_PROGRESS}
 
     def close(self) -> None:
         """Confirm pending commits (job groups included), deliver pending appends, close the clients."""
@@ -473,7 +489,7 @@ class KafkaStream:
         try:
             meta = self.admin.list_topics(topic=self.topic, timeout=self.timeout)
         except Exception as exc:  # noqa: BLE001
-            raise StreamError(f"cannot read metadata of {self.topic!r} from {self.bootstrap}: {exc}") from None
+            raise self._failure(f"cannot read metadata of {self.topic!r} from {self.bootstrap}", exc) from None
         topic = meta.topics.get(self.topic)
         if topic is None or topic.error is not None or not topic.partitions:
             raise StreamError(f"topic {self.topic!r} not found on {self.bootstrap}: create it first")
