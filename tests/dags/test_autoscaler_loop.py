@@ -1,7 +1,18 @@
 """The autoscaler DAG for real (dag.test, triggers in-process) against a live stream:
 a traffic jump scales up, a drop scales down only after stabilization, and the training
-DAG rebalances and starts local workers for the new generation."""
+DAG rebalances and starts local workers for the new generation.
 
+A loop test's DAG runs all go through one long-lived ``dag.test`` process (:class:`LoopHome`):
+the same runs as the harness's one process per run (tests/airflow_harness.py), without
+paying Airflow's start (imports, the in-process execution API, MLflow's import) and a
+multi-second interpreter shutdown for each of its eight runs, which made these the suite's
+slowest tests. A long-lived process is also what runs the autoscaler's trigger in a
+deployment (the triggerer); what carries over between runs is still only what the control
+store persists (each run builds its own autoscaler)."""
+
+import json
+import os
+import select
 import subprocess
 import sys
 import time
@@ -11,7 +22,8 @@ import yaml
 
 from kale_airflow.store import StateStore
 from kale_airflow.stream.embedded import EmbeddedStream
-from tests.conftest import seed_simulated_throughput
+from tests.airflow_harness import DAGS, AirflowHome, DagRun
+from tests.conftest import seed_simulated_throughput, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +41,7 @@ else:
     s = open_stream(url)
 rate_file = Path(sys.argv[2])
 payload = pack(generate(200, 1))
-i, last, owed = 0, time.monotonic(), 0.0
+i, last, owed, started = 0, time.monotonic(), 0.0, False
 while True:  # keeps the file's rate even when a loaded machine delays the loop
     time.sleep(0.2)
     now = time.monotonic()
@@ -41,6 +53,10 @@ while True:  # keeps the file's rate even when a loaded machine delays the loop
             s.append(i % 4, (payload * (n // 200 + 1))[:n])
         except StreamError as exc:  # a broker slowed down by the loaded machine: the records stay queued
             print(f"producer: {exc}", file=sys.stderr)
+        else:
+            if not started:  # what the test waits for (producing())
+                rate_file.with_suffix(".started").touch()
+                started = True
     i += 1
 """
 
@@ -51,6 +67,80 @@ while True:  # keeps the file's rate even when a loaded machine delays the loop
 # its pause only at a low price of lag. A change must be the plan's first move for 5 s.
 LOOP_CONFIG = {"min_workers": 1, "max_workers": 6, "poll_interval_s": 1, "bin_s": 5, "rescale_downtime_s": 1,
                "kale": {"horizon_s": 30, "persist_s": 5, "wait_cost": 0.1}}
+
+
+# The DAG runs of one loop test, in order (one JSON line [dag_id, conf] each on the command
+# pipe): the harness's RUNNER, looped. Airflow logs to fds 1 and 2, which go to the log file
+# (argv[2]); the results go back on the original stdout, and the commands come on the
+# original stdin, both on private descriptors that no process a task starts inherits.
+DAG_SERVER = r"""
+import json, os, sys, traceback
+commands = os.fdopen(os.dup(0), "r")
+results = os.fdopen(os.dup(1), "w")
+os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+log = os.open(sys.argv[2], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+os.dup2(log, 1)
+os.dup2(log, 2)
+from airflow.dag_processing.dagbag import DagBag
+for line in commands:
+    dag_id, conf = json.loads(line)
+    try:
+        bag = DagBag(dag_folder=sys.argv[1])
+        assert not bag.import_errors, bag.import_errors
+        dr = bag.get_dag(dag_id).test(run_conf=conf)
+        res = {"state": str(dr.state), "tasks": {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}}
+    except BaseException:
+        traceback.print_exc()
+        res = None
+    sys.stdout.flush()
+    sys.stderr.flush()
+    results.write(json.dumps(res) + "\n")
+    results.flush()
+os._exit(0)  # no interpreter shutdown: its collection of Airflow's heap takes seconds
+"""
+
+
+class LoopHome(AirflowHome):
+    """An :class:`AirflowHome` whose DAG runs share one ``dag.test`` process (``DAG_SERVER``),
+    started at the first run with the environment as it is then; :meth:`close` ends it."""
+
+    def __init__(self, home: AirflowHome):
+        super().__init__(home.path, home.env)
+        self.log_path = home.path / "dag-runs.log"
+        self._proc: subprocess.Popen | None = None
+
+    def run(self, dag_id: str, conf: dict | None = None, extra_env=None, timeout=600, dags=DAGS,
+            retries=None) -> DagRun:
+        assert extra_env is None and dags == DAGS and retries is None, "one process: one environment"
+        if self._proc is None:
+            self._proc = subprocess.Popen([sys.executable, "-c", DAG_SERVER, str(DAGS), str(self.log_path)],
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                          env=self.env | {"AIRFLOW__CORE__DAGS_FOLDER": str(DAGS)}, cwd=self.path)
+        start = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self._proc.stdin.write(json.dumps([dag_id, conf or {}]) + "\n")
+        self._proc.stdin.flush()
+        ready, _, _ = select.select([self._proc.stdout], [], [], timeout)
+        line = self._proc.stdout.readline() if ready else ""
+        with open(self.log_path, errors="replace") as fh:
+            fh.seek(start)
+            out = fh.read()
+        if not line:
+            self.close()
+        res = json.loads(line) if line else None
+        assert res, f"dag.test crashed or ran past {timeout} s:\n{out[-5000:]}"
+        return DagRun(res["state"], res["tasks"], out)
+
+    def close(self) -> None:
+        if self._proc is None:
+            return
+        proc, self._proc = self._proc, None
+        if proc.poll() is None:
+            proc.stdin.close()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, 9)
+                proc.wait()
 
 
 def prepare_loop(airflow_home, **config):
@@ -89,15 +179,19 @@ def stop_workers(airflow_home) -> None:
 def live(airflow_home):
     """The loop's world on the embedded default (SQLite control plane). The same scenario runs
     with a PostgreSQL control plane on Kafka (tests/stream/test_autoscaler_loop_kafka.py)."""
-    home = airflow_home.kale_home
-    home.mkdir(parents=True, exist_ok=True)
-    EmbeddedStream(home / "stream.db", partitions=4)
-    rate = prepare_loop(airflow_home)
-    proc = subprocess.Popen([sys.executable, "-c", PRODUCER, f"sqlite:///{home / 'stream.db'}", str(rate)])
-    yield airflow_home, rate
-    proc.kill()
-    proc.wait()
-    stop_workers(airflow_home)
+    runs = LoopHome(airflow_home)
+    try:
+        home = airflow_home.kale_home
+        home.mkdir(parents=True, exist_ok=True)
+        EmbeddedStream(home / "stream.db", partitions=4)
+        rate = prepare_loop(runs)
+        proc = subprocess.Popen([sys.executable, "-c", PRODUCER, f"sqlite:///{home / 'stream.db'}", str(rate)])
+        yield runs, rate
+        proc.kill()
+        proc.wait()
+        stop_workers(airflow_home)
+    finally:
+        runs.close()
 
 
 def store_url(home) -> str:
@@ -116,13 +210,20 @@ def set_rate(path, rate):
     tmp.replace(path)
 
 
+def producing(rate) -> None:
+    """Return once the producer has been appending for two seconds: the first poll's arrival
+    rate (over its last ``poll_interval_s``) must see its traffic, however slowly it started."""
+    wait_until(rate.with_suffix(".started").exists, "the producer appended its first records")
+    time.sleep(2)
+
+
 def decisions(home):
     return store_of(home).decisions()
 
 
 def test_jump_scales_up_and_drop_scales_down_only_after_stabilization(live):
     home, rate = live
-    time.sleep(2)
+    producing(rate)
     run = home.run("kale_autoscaler", {"poll_interval_s": 1, "max_polls": 30})
     assert run.state == "success", run.log[-3000:]
     store = store_of(home)
@@ -142,11 +243,14 @@ def test_jump_scales_up_and_drop_scales_down_only_after_stabilization(live):
     # queue, so the SLO binds and the scale-up goes at once, straight to 6 however noisy the
     # measured rate is (any later change can only be a scale-down).
     set_rate(rate, 12000)
+    jumped = time.time()
     time.sleep(2)
     run = home.run("kale_autoscaler", {"poll_interval_s": 1, "max_polls": 30})
     assert run.state == "success", run.log[-3000:]
     up = decisions(home)[-1]
     assert up["reason"] == "scale_up_slo_risk" and up["target"] > first["workers"], up
+    wanted_up = [d for d in decisions(home) if d["ts"] >= jumped and (d.get("plan_workers") or 0) > d["workers"]]
+    assert wanted_up[0] == up, f"the SLO-bound scale-up waited: {wanted_up[:8]}"  # not held to stabilize
     second = store.current()
     assert second["workers"] == up["target"] == 6
     train = home.run("kale_training", {"workers": second["workers"], "generation": second["generation"]})
@@ -161,10 +265,24 @@ def test_jump_scales_up_and_drop_scales_down_only_after_stabilization(live):
     assert run.tasks["start_generation"] == "skipped"
     run = home.run("kale_autoscaler", {"poll_interval_s": 1, "max_polls": 90})
     assert run.state == "success", run.log[-3000:]
-    down = decisions(home)[-1]
-    assert down["reason"] == "scale_down_forecast" and down["target"] < second["workers"], decisions(home)[-8:]
-    holds = {d["reason"] for d in decisions(home)}
+    made = decisions(home)
+    down = made[-1]
+    assert down["reason"] == "scale_down_forecast" and down["target"] < second["workers"], made[-8:]
+    holds = {d["reason"] for d in made}
     assert holds & {"hold_stabilizing", "hold_tolerance", "hold_rescaling"}
+    # The plan wanted that scale-down for persist_s before it was applied: held while wanted.
+    # The persisted want ends where a plan kept the count; a hold made before any planning
+    # (a rescale in progress: no plan_workers) neither starts nor ends it.
+    since = down
+    for d in reversed(made[:-1]):
+        if d["workers"] != second["workers"] or (d.get("plan_workers") is not None
+                                                 and d["plan_workers"] >= d["workers"]):
+            break
+        if d.get("plan_workers") is not None:
+            since = d
+    persisted = down["ts"] - since["ts"]
+    assert persisted >= LOOP_CONFIG["kale"]["persist_s"] - 1e-6, \
+        f"scaled down {persisted:.1f} s after the plan first wanted it: {made[-10:]}"
 
 
 def test_models_unavailable_keeps_the_current_workers(airflow_home):
