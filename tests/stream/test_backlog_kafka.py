@@ -106,7 +106,7 @@ def test_the_requests_of_a_backlog_do_not_grow_with_the_slices(counted_kafka):
     # One fetch of every pending position together; librdkafka may send a second while the
     # partitions of a new assignment start, never one per slice.
     assert min(r["Fetch"] for r in small) <= 2 and min(r["Fetch"] for r in large) <= 2, (small, large)
-    assert max(r["Fetch"] for r in large) < 8
+    assert max(r["Fetch"] for r in large) < 16  # per slice would be 64; a few retries on a loaded machine are not
 
 
 @pytest.mark.xfail(strict=True, reason="Tansu 0.6 drops commit metadata")
