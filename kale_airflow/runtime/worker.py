@@ -564,7 +564,7 @@ class Worker:
             self.check_positions(slices=dry)
         return payloads, new_pos, audit, read
 
-    def step(self, stop: bool = False) -> tuple[int, int, bool]:  # pragma: no mutate block
+    def step(self, stop: bool = False) -> tuple[int, int, bool]:
         """One synchronized step (collective: every rank calls it the same number of times).
 
         Returns (samples this rank trained, samples the job trained, stop agreed by any rank)."""
@@ -656,7 +656,7 @@ class Worker:
 
     def run(self, max_steps: int | None = None, idle_sleep: float = 0.2, report_every_s: float = 5.0,
             exit_when_idle: bool = False, poll_s: float = GENERATION_POLL_S, final_state="stopped",
-            close_link: bool = True, on_first_step=None, await_added_s: float = 0.0) -> dict:  # pragma: no mutate block
+            close_link: bool = True, on_first_step=None, await_added_s: float = 0.0) -> dict:
         """Train until stopped (SIGTERM on any rank, superseded, ``max_steps`` more steps, or idle when asked);
         every decision to stop is agreed in a step's all-reduce, so all ranks stop together. Rank 0 looks
         for a newer generation every ``poll_s``. ``final_state``: the heartbeat written after the last
