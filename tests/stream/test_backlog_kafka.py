@@ -104,8 +104,9 @@ def test_the_requests_of_a_backlog_do_not_grow_with_the_slices(counted_kafka):
             assert all(1 <= n <= 2 for n in others.values()), rows
         assert min(r["ListOffsets"] + r["OffsetFetch"] for r in rows) == 2, rows
     # One fetch of every pending position together; librdkafka may send a second while the
-    # partitions of a new assignment start, never one per slice.
-    assert min(r["Fetch"] for r in small) <= 2 and min(r["Fetch"] for r in large) <= 2, (small, large)
+    # partitions of a new assignment start, and a loaded machine sees a retry or two, never one
+    # per slice (8 and 64).
+    assert min(r["Fetch"] for r in small) <= 4 and min(r["Fetch"] for r in large) <= 4, (small, large)
     assert max(r["Fetch"] for r in large) < 16  # per slice would be 64; a few retries on a loaded machine are not
 
 
