@@ -7,15 +7,19 @@ from datetime import datetime
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import Param, dag, task
 
-from kale_airflow.config.schedules import schedule_from
+from kale_airflow.config import dag_id
+from kale_airflow.config.schedules import deployment_jobs, job_tags, schedule_from
 from kale_airflow.operators.failures import kale_default_args
 from kale_airflow.operators.promotion import model_asset
 from kale_airflow.operators.scale import ScaleWorkersOperator
-from kale_airflow.registry.mlflow_registry import FORECASTER_MODEL, THROUGHPUT_MODEL
+from kale_airflow.registry.mlflow_registry import job_models
 from kale_airflow.sensors.scaling import ScalingSensor
 
 DOC = """
 ### Kale autoscaler
+
+One per job of the deployment file (`kale_autoscaler__<job>`; `kale_autoscaler` for a
+single-job deployment), each starting its own job's training DAG.
 
 1. **wait_for_decision** (`ScalingSensor`, deferrable): every `poll_interval_s` reads
    traffic, backlog, freshness and worker throughput, loads the champion forecaster and
@@ -47,46 +51,54 @@ DAG processor's environment, read at parse time without a metadata-DB lookup (de
 """
 
 
-@dag(
-    dag_id="kale_autoscaler",
-    schedule=schedule_from("kale_autoscaler_schedule", "@continuous"),
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    max_active_runs=1,
-    tags=["kale"],
-    doc_md=DOC,
-    default_args=kale_default_args(retries=2, retry_delay_s=30),
-    params={
-        "poll_interval_s": Param(15, type="number", minimum=1, description="seconds between observations"),
-        "max_polls": Param(240, type="integer", minimum=1, description="observations per run before a hold"),
-        "shadow": Param(None, type=["null", "boolean"],
-                        description="decide and record only, never apply (empty: the deployment's `shadow`)"),
-    },
-)
-def kale_autoscaler():
-    wait = ScalingSensor(task_id="wait_for_decision", poll_interval_s="{{ params.poll_interval_s }}",
-                         max_polls="{{ params.max_polls }}", shadow="{{ params.shadow }}",
-                         # the champions it reloads when their promotion is announced (lineage in the graph)
-                         inlets=[model_asset(FORECASTER_MODEL), model_asset(THROUGHPUT_MODEL)],
-                         doc_md="Deferred until Kale decides a rescale is due.")
-    applied = ScaleWorkersOperator(task_id="scale_workers", decision=wait.output, shadow="{{ params.shadow }}",
-                                   doc_md="Supersede the running generation; name the new one (shadow: nothing).")
+def kale_autoscaler_dag(job: str):
+    """The autoscaler DAG of one job (``kale_autoscaler`` for the default job)."""
+    forecaster, throughput = job_models(job)
 
-    @task.short_circuit(doc_md="Skip the trigger when nothing was applied.")
-    def changed(result: dict) -> bool:
-        return not result["skip"]
-
-    start = TriggerDagRunOperator(
-        task_id="start_generation",
-        trigger_dag_id="kale_training",
-        conf={"workers": "{{ ti.xcom_pull(task_ids='scale_workers')['workers'] }}",
-              "generation": "{{ ti.xcom_pull(task_ids='scale_workers')['generation'] }}"},
-        # One training run per generation: a retry of this task finds the run it made.
-        trigger_run_id="{{ run_id }}__{{ ti.xcom_pull(task_ids='scale_workers')['generation'] }}",
-        skip_when_already_exists=True,
-        doc_md="One `kale_training` run per generation of workers.",
+    @dag(
+        dag_id=dag_id("kale_autoscaler", job),
+        schedule=schedule_from("kale_autoscaler_schedule", "@continuous"),
+        start_date=datetime(2026, 1, 1),
+        catchup=False,
+        max_active_runs=1,
+        tags=job_tags(job),
+        doc_md=DOC,
+        default_args=kale_default_args(retries=2, retry_delay_s=30),
+        params={
+            "poll_interval_s": Param(15, type="number", minimum=1, description="seconds between observations"),
+            "max_polls": Param(240, type="integer", minimum=1, description="observations per run before a hold"),
+            "shadow": Param(None, type=["null", "boolean"],
+                            description="decide and record only, never apply (empty: the deployment's `shadow`)"),
+        },
     )
-    changed(applied.output) >> start
+    def kale_autoscaler():
+        wait = ScalingSensor(task_id="wait_for_decision", job=job, poll_interval_s="{{ params.poll_interval_s }}",
+                             max_polls="{{ params.max_polls }}", shadow="{{ params.shadow }}",
+                             # the champions it reloads when their promotion is announced (lineage in the graph)
+                             inlets=[model_asset(forecaster), model_asset(throughput)],
+                             doc_md="Deferred until Kale decides a rescale is due.")
+        applied = ScaleWorkersOperator(task_id="scale_workers", job=job, decision=wait.output,
+                                       shadow="{{ params.shadow }}",
+                                       doc_md="Supersede the running generation; name the new one (shadow: nothing).")
+
+        @task.short_circuit(doc_md="Skip the trigger when nothing was applied.")
+        def changed(result: dict) -> bool:
+            return not result["skip"]
+
+        start = TriggerDagRunOperator(
+            task_id="start_generation",
+            trigger_dag_id=dag_id("kale_training", job),
+            conf={"workers": "{{ ti.xcom_pull(task_ids='scale_workers')['workers'] }}",
+                  "generation": "{{ ti.xcom_pull(task_ids='scale_workers')['generation'] }}"},
+            # One training run per generation: a retry of this task finds the run it made.
+            trigger_run_id="{{ run_id }}__{{ ti.xcom_pull(task_ids='scale_workers')['generation'] }}",
+            skip_when_already_exists=True,
+            doc_md="One training run per generation of workers.",
+        )
+        changed(applied.output) >> start
+
+    return kale_autoscaler()
 
 
-kale_autoscaler()
+for _job in deployment_jobs():
+    globals()[dag_id("kale_autoscaler", _job)] = kale_autoscaler_dag(_job)

@@ -6,13 +6,19 @@ from datetime import datetime
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from kale_airflow.config.schedules import schedule_from
+from kale_airflow.config import dag_id
+from kale_airflow.config.schedules import deployment_jobs, job_tags, schedule_from
+from kale_airflow.control.promotions import asset_uri
 from kale_airflow.operators.failures import kale_default_args, no_retry_on_permanent_errors
 from kale_airflow.operators.promotion import model_asset
-from kale_airflow.registry.mlflow_registry import FORECASTER_MODEL
+from kale_airflow.registry.mlflow_registry import job_models
 
 DOC = """
 ### Kale: retrain the traffic forecaster
+
+One per job of the deployment file (`kale_forecaster_retrain__<job>`, training
+`kale-traffic-forecaster-<job>` on that job's traffic; plain names for a single-job
+deployment).
 
 Extracts the traffic the autoscaler observed on the stream (recorded per bin in the
 control-plane database; before anything was observed, the bundled NYC taxi trace stands
@@ -45,83 +51,94 @@ Schedule: Airflow Variable `kale_forecaster_retrain_schedule` (default `@daily`)
 """
 
 
-@dag(
-    dag_id="kale_forecaster_retrain",
-    schedule=schedule_from("kale_forecaster_retrain_schedule", "@daily"),
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    max_active_runs=1,
-    tags=["kale", "mlflow"],
-    doc_md=DOC,
-    default_args=kale_default_args(retries=2, retry_delay_s=300, backoff=True),
-    params={
-        "history_days": Param(14, type="number", exclusiveMinimum=0,
-                              description="days of traffic history to train on (at least twice test_days)"),
-        "horizon_minutes": Param(60, type="number", exclusiveMinimum=0,
-                                 description="how far ahead the forecast is judged (at least one data step)"),
-        "test_days": Param(1, type="number", exclusiveMinimum=0,
-                           description="most recent days held out for the backtest"),
-        "forecaster": Param("auto", type="string", enum=["auto", "mstl", "neuralprophet", "seasonal"],
-                            description="auto: backtest the roster (seasonal, MSTL, NeuralProphet, ensembles) on "
-                                        "the last days before the test window and keep the winner"),
-        "forecaster_options": Param({}, type="object",
-                                    description="constructor options of the forecaster, e.g. {\"epochs\": 20}; "
-                                                "logged as option.* params"),
-        "auto_promote": Param(False, type="boolean", description="promote a winning challenger without review"),
-    },
-)
-def kale_forecaster_retrain():
-    @task(doc_md="Read the traffic history into the run folder.")
-    @no_retry_on_permanent_errors
-    def extract(params: dict | None = None) -> dict:
-        from kale_airflow.config import settings
-        from kale_airflow.pipelines.forecaster import extract_traffic
+def kale_forecaster_retrain_dag(job: str):
+    """The retrain DAG of one job's forecaster (``kale_forecaster_retrain`` for the default job)."""
+    model = job_models(job)[0]
 
-        return extract_traffic(settings(), get_current_context()["run_id"], float(params["history_days"]))
+    @dag(
+        dag_id=dag_id("kale_forecaster_retrain", job),
+        schedule=schedule_from("kale_forecaster_retrain_schedule", "@daily"),
+        start_date=datetime(2026, 1, 1),
+        catchup=False,
+        max_active_runs=1,
+        tags=[*job_tags(job), "mlflow"],
+        doc_md=DOC,
+        default_args=kale_default_args(retries=2, retry_delay_s=300, backoff=True),
+        params={
+            "history_days": Param(14, type="number", exclusiveMinimum=0,
+                                  description="days of traffic history to train on (at least twice test_days)"),
+            "horizon_minutes": Param(60, type="number", exclusiveMinimum=0,
+                                     description="how far ahead the forecast is judged (at least one data step)"),
+            "test_days": Param(1, type="number", exclusiveMinimum=0,
+                               description="most recent days held out for the backtest"),
+            "forecaster": Param("auto", type="string", enum=["auto", "mstl", "neuralprophet", "seasonal"],
+                                description="auto: backtest the roster (seasonal, MSTL, NeuralProphet, ensembles) on "
+                                            "the last days before the test window and keep the winner"),
+            "forecaster_options": Param({}, type="object",
+                                        description="constructor options of the forecaster, e.g. {\"epochs\": 20}; "
+                                                    "logged as option.* params"),
+            "auto_promote": Param(False, type="boolean", description="promote a winning challenger without review"),
+        },
+    )
+    def kale_forecaster_retrain():
+        @task(doc_md="Read the traffic history into the run folder.")
+        @no_retry_on_permanent_errors
+        def extract(params: dict | None = None) -> dict:
+            from kale_airflow.config import settings
+            from kale_airflow.pipelines.forecaster import extract_traffic
 
-    @task(doc_md="Fail with the row and the problem on gaps, NaNs, bad values, too short or constant history.")
-    @no_retry_on_permanent_errors
-    def validate(extracted: dict, params: dict | None = None) -> dict:
-        from kale_airflow.pipelines.forecaster import validate_traffic
+            return extract_traffic(settings(job), get_current_context()["run_id"], float(params["history_days"]))
 
-        return validate_traffic(extracted["path"], float(params["horizon_minutes"]), float(params["test_days"]))
+        @task(doc_md="Fail with the row and the problem on gaps, NaNs, bad values, too short or constant history.")
+        @no_retry_on_permanent_errors
+        def validate(extracted: dict, params: dict | None = None) -> dict:
+            from kale_airflow.pipelines.forecaster import validate_traffic
 
-    @task(doc_md="Train before the test window; backtest the challenger and the champion on it.")
-    @no_retry_on_permanent_errors
-    def train_backtest(extracted: dict, report: dict, params: dict | None = None) -> dict:
-        from kale_airflow.config import settings
-        from kale_airflow.pipelines.forecaster import train_and_backtest
+            return validate_traffic(extracted["path"], float(params["horizon_minutes"]), float(params["test_days"]))
 
-        return train_and_backtest(settings(), get_current_context()["run_id"], extracted["path"],
-                                  params["forecaster"], float(params["horizon_minutes"]), float(params["test_days"]),
-                                  params["forecaster_options"], source=extracted["source"])
+        @task(doc_md="Train before the test window; backtest the challenger and the champion on it.")
+        @no_retry_on_permanent_errors
+        def train_backtest(extracted: dict, report: dict, params: dict | None = None) -> dict:
+            from kale_airflow.config import settings
+            from kale_airflow.pipelines.forecaster import train_and_backtest
 
-    @task(doc_md="Log params, metrics, backtest plot, window and data hash; register with alias `challenger`.")
-    @no_retry_on_permanent_errors
-    def register(summary: dict) -> dict:
-        from kale_airflow.config import settings
-        from kale_airflow.pipelines.forecaster import register_forecaster
+            return train_and_backtest(settings(job), get_current_context()["run_id"], extracted["path"],
+                                      params["forecaster"], float(params["horizon_minutes"]),
+                                      float(params["test_days"]),
+                                      params["forecaster_options"], source=extracted["source"])
 
-        return register_forecaster(settings(), get_current_context()["run_id"], summary)
+        @task(doc_md="Log params, metrics, backtest plot, window and data hash; register with alias `challenger`.")
+        @no_retry_on_permanent_errors
+        def register(summary: dict) -> dict:
+            from kale_airflow.config import settings
+            from kale_airflow.pipelines.forecaster import register_forecaster
 
-    @task(doc_md="Promote to `champion` if configured and winning, else tag for review in MLflow (and alert).")
-    @no_retry_on_permanent_errors
-    def promote_or_hold(summary: dict, registered: dict, params: dict | None = None) -> dict:
-        from kale_airflow.operators.promotion import review_challenger
+            return register_forecaster(settings(job), get_current_context()["run_id"], summary)
 
-        return review_challenger(FORECASTER_MODEL, "mase", summary, registered, bool(params["auto_promote"]))
+        @task(doc_md="Promote to `champion` if configured and winning, else tag for review in MLflow (and alert).")
+        @no_retry_on_permanent_errors
+        def promote_or_hold(summary: dict, registered: dict, params: dict | None = None) -> dict:
+            from kale_airflow.operators.promotion import review_challenger
 
-    @task(outlets=[model_asset(FORECASTER_MODEL)],
-          doc_md="A promotion: an asset event on `kale://models/forecaster` (the autoscaler reloads). A hold: skipped.")
-    @no_retry_on_permanent_errors
-    def announce_champion(result: dict) -> dict:
-        from kale_airflow.operators.promotion import announce_promotion
+            return review_challenger(model, "mase", summary, registered, bool(params["auto_promote"]), job)
 
-        return announce_promotion(result, FORECASTER_MODEL, get_current_context())
+        @task(outlets=[model_asset(model)],
+              doc_md=f"A promotion: an asset event on `{asset_uri(model)}` (the autoscaler reloads). A hold: "
+                   "skipped.")
+        @no_retry_on_permanent_errors
+        def announce_champion(result: dict) -> dict:
+            from kale_airflow.operators.promotion import announce_promotion
 
-    extracted = extract()
-    summary = train_backtest(extracted, validate(extracted))
-    announce_champion(promote_or_hold(summary, register(summary)))
+            return announce_promotion(result, model, get_current_context(), job)
+
+        extracted = extract()
+        summary = train_backtest(extracted, validate(extracted))
+        announce_champion(promote_or_hold(summary, register(summary)))
 
 
-kale_forecaster_retrain()
+
+    return kale_forecaster_retrain()
+
+
+for _job in deployment_jobs():
+    globals()[dag_id("kale_forecaster_retrain", _job)] = kale_forecaster_retrain_dag(_job)

@@ -6,13 +6,19 @@ from datetime import datetime
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from kale_airflow.config.schedules import schedule_from
+from kale_airflow.config import dag_id
+from kale_airflow.config.schedules import deployment_jobs, job_tags, schedule_from
+from kale_airflow.control.promotions import asset_uri
 from kale_airflow.operators.failures import kale_default_args, no_retry_on_permanent_errors
 from kale_airflow.operators.promotion import model_asset
-from kale_airflow.registry.mlflow_registry import THROUGHPUT_MODEL
+from kale_airflow.registry.mlflow_registry import job_models
 
 DOC = """
 ### Kale: refit the throughput model
+
+One per job of the deployment file (`kale_throughput_refit__<job>`, fitting
+`kale-throughput-model-<job>` on that job's observations; plain names for a single-job
+deployment).
 
 Reads (workers, samples/s) observations from the metrics source (the training job's rank 0
 records them; on a new deployment `kale profile` runs the job at a few world sizes to record
@@ -34,55 +40,65 @@ in the DAG processor's environment, read without a metadata-DB lookup (default `
 """
 
 
-@dag(
-    dag_id="kale_throughput_refit",
-    schedule=schedule_from("kale_throughput_refit_schedule", "@hourly"),
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    max_active_runs=1,
-    tags=["kale", "mlflow"],
-    doc_md=DOC,
-    default_args=kale_default_args(retries=2, retry_delay_s=300, backoff=True),
-    params={
-        "holdout_fraction": Param(0.2, type="number", minimum=0.05, maximum=0.5,
-                                  description="newest observations held out for scoring"),
-        "auto_promote": Param(True, type="boolean", description="promote a winning challenger without review"),
-    },
-)
-def kale_throughput_refit():
-    @task(doc_md="Fit on older observations; score it and the champion on the newest.")
-    @no_retry_on_permanent_errors
-    def fit(params: dict | None = None) -> dict:
-        from kale_airflow.config import settings
-        from kale_airflow.pipelines.throughput import refit_throughput
+def kale_throughput_refit_dag(job: str):
+    """The refit DAG of one job's throughput model (``kale_throughput_refit`` for the default job)."""
+    model = job_models(job)[1]
 
-        return refit_throughput(settings(), get_current_context()["run_id"], float(params["holdout_fraction"]))
+    @dag(
+        dag_id=dag_id("kale_throughput_refit", job),
+        schedule=schedule_from("kale_throughput_refit_schedule", "@hourly"),
+        start_date=datetime(2026, 1, 1),
+        catchup=False,
+        max_active_runs=1,
+        tags=[*job_tags(job), "mlflow"],
+        doc_md=DOC,
+        default_args=kale_default_args(retries=2, retry_delay_s=300, backoff=True),
+        params={
+            "holdout_fraction": Param(0.2, type="number", minimum=0.05, maximum=0.5,
+                                      description="newest observations held out for scoring"),
+            "auto_promote": Param(True, type="boolean", description="promote a winning challenger without review"),
+        },
+    )
+    def kale_throughput_refit():
+        @task(doc_md="Fit on older observations; score it and the champion on the newest.")
+        @no_retry_on_permanent_errors
+        def fit(params: dict | None = None) -> dict:
+            from kale_airflow.config import settings
+            from kale_airflow.pipelines.throughput import refit_throughput
 
-    @task(doc_md="Log and register with alias `challenger`.")
-    @no_retry_on_permanent_errors
-    def register(summary: dict) -> dict:
-        from kale_airflow.config import settings
-        from kale_airflow.pipelines.throughput import register_throughput
+            return refit_throughput(settings(job), get_current_context()["run_id"], float(params["holdout_fraction"]))
 
-        return register_throughput(settings(), get_current_context()["run_id"], summary)
+        @task(doc_md="Log and register with alias `challenger`.")
+        @no_retry_on_permanent_errors
+        def register(summary: dict) -> dict:
+            from kale_airflow.config import settings
+            from kale_airflow.pipelines.throughput import register_throughput
 
-    @task(doc_md="Promote if configured and winning (lower relative RMSE), else tag for review (and alert).")
-    @no_retry_on_permanent_errors
-    def promote_or_hold(summary: dict, registered: dict, params: dict | None = None) -> dict:
-        from kale_airflow.operators.promotion import review_challenger
+            return register_throughput(settings(job), get_current_context()["run_id"], summary)
 
-        return review_challenger(THROUGHPUT_MODEL, "rel_rmse", summary, registered, bool(params["auto_promote"]))
+        @task(doc_md="Promote if configured and winning (lower relative RMSE), else tag for review (and alert).")
+        @no_retry_on_permanent_errors
+        def promote_or_hold(summary: dict, registered: dict, params: dict | None = None) -> dict:
+            from kale_airflow.operators.promotion import review_challenger
 
-    @task(outlets=[model_asset(THROUGHPUT_MODEL)],
-          doc_md="A promotion: an asset event on `kale://models/throughput` (the autoscaler reloads). A hold: skipped.")
-    @no_retry_on_permanent_errors
-    def announce_champion(result: dict) -> dict:
-        from kale_airflow.operators.promotion import announce_promotion
+            return review_challenger(model, "rel_rmse", summary, registered, bool(params["auto_promote"]), job)
 
-        return announce_promotion(result, THROUGHPUT_MODEL, get_current_context())
+        @task(outlets=[model_asset(model)],
+              doc_md=f"A promotion: an asset event on `{asset_uri(model)}` (the autoscaler reloads). A hold: "
+                   "skipped.")
+        @no_retry_on_permanent_errors
+        def announce_champion(result: dict) -> dict:
+            from kale_airflow.operators.promotion import announce_promotion
 
-    summary = fit()
-    announce_champion(promote_or_hold(summary, register(summary)))
+            return announce_promotion(result, model, get_current_context(), job)
+
+        summary = fit()
+        announce_champion(promote_or_hold(summary, register(summary)))
 
 
-kale_throughput_refit()
+
+    return kale_throughput_refit()
+
+
+for _job in deployment_jobs():
+    globals()[dag_id("kale_throughput_refit", _job)] = kale_throughput_refit_dag(_job)

@@ -6,6 +6,8 @@ from datetime import datetime
 
 from airflow.sdk import Param, dag, task
 
+from kale_airflow.config import dag_id
+from kale_airflow.config.schedules import deployment_jobs, job_tags
 from kale_airflow.operators.failures import kale_default_args
 from kale_airflow.operators.rebalance import RebalanceShardsOperator
 from kale_airflow.operators.worker_pod import (WorkerPodOperator, training_dag_max_active_tasks,
@@ -14,7 +16,9 @@ from kale_airflow.operators.worker_pod import (WorkerPodOperator, training_dag_m
 DOC = """
 ### Kale training generation
 
-Triggered by `kale_autoscaler` with `{workers, generation}` (or by hand).
+Triggered by its job's autoscaler DAG with `{workers, generation}` (or by hand); one per
+job of the deployment file (`kale_training__<job>`; `kale_training` for a single-job
+deployment).
 
 1. **rebalance** (`RebalanceShardsOperator`): assigns stream partitions to the workers,
    balanced and sticky (hot partitions sliced); new slices start where the previous
@@ -40,78 +44,68 @@ Triggered by `kale_autoscaler` with `{workers, generation}` (or by hand).
 """
 
 
-def _deployment():
-    """The deployment at parse time; the defaults when it cannot be read (the branch then fails
-    loudly at run time; parsing must not)."""
-    from kale_airflow.config import ConfigError, Deployment, load_config
+def kale_training_dag(job: str, deployment):
+    """The training DAG of one job (``kale_training`` for the default job); ``deployment``: its
+    settings at parse time (pool sizes and pod settings)."""
 
-    try:
-        return load_config().deployment
-    except ConfigError:
-        return Deployment(stream_url="unconfigured")
+    @dag(
+        dag_id=dag_id("kale_training", job),
+        schedule=None,
+        start_date=datetime(2026, 1, 1),
+        catchup=False,
+        tags=job_tags(job),
+        doc_md=DOC,
+        # Transient faults retry (worker pods set their own retries); a generation that fails for
+        # good (pods out of retries included) alerts through the configured notifier.
+        default_args=kale_default_args(retries=2, retry_delay_s=30),
+        # a whole generation of worker pod tasks plus the branch and argument tasks
+        max_active_tasks=training_dag_max_active_tasks(deployment),
+        # Warm pods outlive the run that started them: every run that owns a living pod stays
+        # running (at most one per slot), plus the newest generation's run.
+        max_active_runs=deployment.max_workers + 1,
+        params={"workers": Param(1, type=["integer", "string"], description="worker count of this generation"),
+                "generation": Param("manual", type="string", description="generation id (unique per run)")},
+    )
+    def kale_training():
+        rebalance = RebalanceShardsOperator(task_id="rebalance", job=job, workers="{{ params.workers }}",
+                                            generation="{{ params.generation }}")
 
+        @task.branch(doc_md="Pick the worker backend from the deployment configuration.")
+        def backend() -> str:
+            from kale_airflow.config import load_config
 
-DEPLOYMENT = _deployment()
+            return "start_local_workers" if load_config(job).deployment.worker_backend == "local" else "worker_args"
 
+        @task(doc_md="Hand the generation to the local pool of rank processes (embedded default); they outlive "
+                     "this task.")
+        def start_local_workers(summary: dict) -> list[int]:
+            from airflow.sdk import get_current_context
 
-@dag(
-    dag_id="kale_training",
-    schedule=None,
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    tags=["kale"],
-    doc_md=DOC,
-    # Transient faults retry (worker pods set their own retries); a generation that fails for
-    # good (pods out of retries included) alerts through the configured notifier.
-    default_args=kale_default_args(retries=2, retry_delay_s=30),
-    # a whole generation of worker pod tasks plus the branch and argument tasks
-    max_active_tasks=training_dag_max_active_tasks(DEPLOYMENT),
-    # Warm pods outlive the run that started them: every run that owns a living pod stays
-    # running (at most one per slot), plus the newest generation's run.
-    max_active_runs=DEPLOYMENT.max_workers + 1,
-    params={"workers": Param(1, type=["integer", "string"], description="worker count of this generation"),
-            "generation": Param("manual", type="string", description="generation id (unique per run)")},
-)
-def kale_training():
-    rebalance = RebalanceShardsOperator(task_id="rebalance", workers="{{ params.workers }}",
-                                        generation="{{ params.generation }}")
+            from kale_airflow.config import load_config
+            from kale_airflow.control.generations import Generations
 
-    @task.branch(doc_md="Pick the worker backend from the deployment configuration.")
-    def backend() -> str:
-        from kale_airflow.config import load_config
+            # The run claims the generation: the autoscaler's retries then know it was started.
+            return Generations(load_config(job)).start_local(summary["generation"], get_current_context()["run_id"])
 
-        return "start_local_workers" if load_config().deployment.worker_backend == "local" else "worker_args"
+        @task(doc_md="Worker command lines for the pods to start: one per slot that no warm rank keeps.")
+        def worker_args(summary: dict) -> list[list[str]]:
+            from airflow.sdk import get_current_context
 
-    @task(doc_md="Hand the generation to the local pool of rank processes (embedded default); they outlive this task.")
-    def start_local_workers(summary: dict) -> list[int]:
-        from airflow.sdk import get_current_context
+            from kale_airflow.config import load_config
+            from kale_airflow.control.generations import Generations
 
-        from kale_airflow.config import load_config
-        from kale_airflow.control.generations import Generations
+            return Generations(load_config(job)).pod_arguments(summary["generation"], get_current_context()["run_id"])
 
-        # The run claims the generation: the autoscaler's retries then know it was started.
-        return Generations(load_config()).start_local(summary["generation"], get_current_context()["run_id"])
+        summary = rebalance.output
+        choice = backend()
+        local = start_local_workers(summary)
+        args = worker_args(summary)
+        rebalance >> choice >> [local, args]
+        # Mapped GPU pods (KubernetesPodOperator subclass), one per worker command line.
+        WorkerPodOperator.partial(**worker_pods_partial_kwargs(deployment)).expand(arguments=args)
 
-    @task(doc_md="Worker command lines for the pods to start: one per slot that no warm rank keeps.")
-    def worker_args(summary: dict) -> list[list[str]]:
-        from airflow.sdk import get_current_context
-
-        from kale_airflow.config import load_config
-        from kale_airflow.control.generations import Generations
-
-        return Generations(load_config()).pod_arguments(summary["generation"], get_current_context()["run_id"])
-
-    summary = rebalance.output
-    choice = backend()
-    local = start_local_workers(summary)
-    args = worker_args(summary)
-    rebalance >> choice >> [local, args]
-    _worker_pods(args)
+    return kale_training()
 
 
-def _worker_pods(args):
-    """Mapped GPU pods (KubernetesPodOperator subclass), one per worker command line."""
-    WorkerPodOperator.partial(**worker_pods_partial_kwargs(DEPLOYMENT)).expand(arguments=args)
-
-
-kale_training()
+for _job, _deployment in deployment_jobs().items():
+    globals()[dag_id("kale_training", _job)] = kale_training_dag(_job, _deployment)

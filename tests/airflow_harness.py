@@ -20,8 +20,9 @@ bag = DagBag(dag_folder=sys.argv[1])
 assert not bag.import_errors, bag.import_errors
 dag = bag.get_dag(sys.argv[2])
 if len(sys.argv) > 4:  # the retries to run with (0: the try a failure leaves once the DAG's retries are spent)
-    for t in dag.tasks:
-        t.retries = int(sys.argv[4])
+    from datetime import timedelta
+    for t in dag.tasks:  # 1 s apart: dag.test() sleeps through each retry delay, which is no test's subject
+        t.retries, t.retry_delay, t.retry_exponential_backoff = int(sys.argv[4]), timedelta(seconds=1), 0
 dr = dag.test(run_conf=json.loads(sys.argv[3]))
 states = {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}
 print("KALE_RESULT" + json.dumps({"state": str(dr.state), "tasks": states}))
@@ -50,8 +51,8 @@ class AirflowHome:
 
     def run(self, dag_id: str, conf: dict | None = None, extra_env: dict | None = None, timeout=600,
             dags: Path = DAGS, retries: int | None = None) -> DagRun:
-        """``retries``: run every task with that many retries instead of the DAG's (dag.test()
-        waits out each retry delay)."""
+        """``retries``: run every task with that many retries, 1 s apart, instead of the DAG's
+        (dag.test() waits out each retry delay)."""
         env = self.env | {"AIRFLOW__CORE__DAGS_FOLDER": str(dags)} | (extra_env or {})
         argv = [str(dags), dag_id, json.dumps(conf or {})] + ([] if retries is None else [str(retries)])
         proc = subprocess.run([sys.executable, "-c", RUNNER, *argv],

@@ -146,7 +146,7 @@ def test_wheel_without_extras_imports_every_dag_and_the_plugin(tmp_path, wheel):
     assert line, out.stdout[-3000:] + out.stderr[-3000:]
     res = json.loads(line[len("RESULT"):])
     assert res["unmet"] == []  # every requirement of the light install is there
-    assert res["revisions"] == ["0001", "0002"]  # the schema migrations ship in the wheel
+    assert res["revisions"] == ["0001", "0002", "0003"]  # the schema migrations ship in the wheel
     assert res["errors"] == {}
     assert res["dags"] == ["kale_autoscaler", "kale_forecaster_retrain", "kale_throughput_refit", "kale_training"]
     assert res["plugin"] == "kale" and res["provider"] == "kale-airflow"

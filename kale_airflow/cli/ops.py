@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -82,9 +83,9 @@ def url_problems(env, dep) -> dict[str, list[str]]:
 
 
 # -------------------------------------------------------------------- status
-def _champions(uri: str) -> list[dict] | str:
-    """Champion and challenger versions of both models, or why MLflow could not be asked (a
-    SQLite store that does not exist is not asked: asking would create it)."""
+def _champions(uri: str, job: str = "default") -> list[dict] | str:
+    """Champion and challenger versions of a job's two models, or why MLflow could not be
+    asked (a SQLite store that does not exist is not asked: asking would create it)."""
     from kale_airflow.cli.readonly import mlflow_problem
 
     problem = mlflow_problem(uri)
@@ -94,15 +95,14 @@ def _champions(uri: str) -> list[dict] | str:
         from kale_airflow.registry.mlflow_registry import (
             CHALLENGER,
             CHAMPION,
-            FORECASTER_MODEL,
-            THROUGHPUT_MODEL,
             alias_version,
+            job_models,
             registry_client,
         )
 
         client = registry_client(uri)
         out = []
-        for name in (FORECASTER_MODEL, THROUGHPUT_MODEL):
+        for name in job_models(job):
             for alias in (CHAMPION, CHALLENGER):
                 mv = alias_version(client, name, alias)
                 if mv is not None:
@@ -115,44 +115,64 @@ def _champions(uri: str) -> list[dict] | str:
         return f"MLflow unreachable: {masked(str(exc).splitlines()[0][:300]) if str(exc) else type(exc).__name__}"
 
 
-def status(now: float | None = None, decisions: int = STATUS_DECISIONS, models: bool = True) -> dict:
-    """Everything ``kale status`` prints, as a dict, with every credential in it masked.
+def status(now: float | None = None, decisions: int = STATUS_DECISIONS, models: bool = True,
+           job: str | None = None) -> dict:
+    """Everything ``kale status`` prints, as a dict, with every credential in it masked: one
+    job's state (``job``, or the deployment's only one), or with several jobs each job's under
+    ``jobs`` and their total under ``fleet``.
 
     Creates nothing: a control-plane database or MLflow store that does not exist (or is not
     at this kale-airflow's schema) is reported in ``control_plane_error`` / ``models``, with
     how it gets created, instead of being opened."""
     from kale_airflow.cli.readonly import control_plane_problem
-    from kale_airflow.config import ConfigError, load_config, settings
+    from kale_airflow.config import ConfigError, load_deployment, settings
     from kale_airflow.store.database import masked_values
 
     now = time.time() if now is None else now
     env = settings()
-    doc: dict = {"kale_home": str(env.home), "kale_home_exists": env.home.is_dir(), "config": None,
-                 "config_error": None, "control_plane_error": None}
-    dep = None
+    doc: dict = {"kale_home": str(env.home), "kale_home_exists": env.home.is_dir(), "config_error": None,
+                 "control_plane_error": control_plane_problem(env.database_url)}
+    deps: dict = {job or "default": None}
+    fleet = None
     try:
-        dep = load_config().deployment
-        doc["config"] = {"backend": dep.worker_backend, "min_workers": dep.min_workers,
-                         "max_workers": dep.max_workers, "shadow": dep.shadow, "slo_s": dep.slo_s}
+        full = load_deployment(env)
+        deps = {job: full.for_job(job)} if job else dict(full.all_jobs)
+        fleet = full.fleet
     except ConfigError as exc:
         doc["config_error"] = str(exc)
-    doc["control_plane_error"] = control_plane_problem(env.database_url)
-    if doc["control_plane_error"]:
-        doc |= {"generation": None, "workers": None, "rescale": None, "decisions": [], "shadow": None}
+    per_job = {name: _job_status(env, name, dep, doc["control_plane_error"], now, decisions, models)
+               for name, dep in deps.items()}
+    if len(per_job) == 1:
+        doc |= next(iter(per_job.values()))
     else:
-        doc |= _control_plane(env.database_url, dep, now, decisions)
-    doc["models"] = _champions(env.mlflow_uri) if models else "not asked"
+        running = sum((j["generation"] or {}).get("workers") or 0 for j in per_job.values())
+        doc |= {"jobs": per_job, "fleet": {"jobs": len(per_job), "gpus": fleet.gpus if fleet else None,
+                                           "workers": running}}
     return masked_values(doc)  # recorded messages come from other processes and versions: mask them here too
 
 
-def _control_plane(url: str, dep, now: float, decisions: int) -> dict:
-    """Generation, workers, recent decisions and the shadow comparison, from a database at head."""
+def _job_status(env, job: str, dep, problem: str | None, now: float, decisions: int, models: bool) -> dict:
+    doc: dict = {"job": job, "config": None if dep is None else {
+        "backend": dep.worker_backend, "min_workers": dep.min_workers, "max_workers": dep.max_workers,
+        "shadow": dep.shadow, "slo_s": dep.slo_s, "priority": dep.priority}}
+    if problem:
+        doc |= {"generation": None, "workers": None, "rescale": None, "decisions": [], "shadow": None, "pin": None}
+    else:
+        doc |= _control_plane(env.database_url, dep, now, decisions, job)
+    doc["models"] = _champions(env.mlflow_uri, job) if models else "not asked"
+    return doc
+
+
+def _control_plane(url: str, dep, now: float, decisions: int, job: str = "default") -> dict:
+    """A job's generation, workers, pin, recent decisions and the shadow comparison, from a
+    database at head."""
+    from kale_airflow.control.fleet import PIN_KEY
     from kale_airflow.control.shadow import SHADOW_WINDOW, compare
     from kale_airflow.store import StateStore
 
     poll = dep.poll_interval_s if dep else 15.0
     fresh_s = max(120.0, 4 * poll)
-    store = StateStore(url)
+    store = StateStore(url, job)
     cur = store.current()
     doc: dict = {"generation": cur and {"generation": cur["generation"], "workers": cur["workers"],
                                         "rebalanced": cur["assignment"] is not None, "since": cur["created"]}}
@@ -169,6 +189,8 @@ def _control_plane(url: str, dep, now: float, decisions: int) -> dict:
         "by_generation": {g: sorted(w for gg, w, _ in fresh if gg == g) for g in sorted({g for g, _, _ in fresh})},
     }
     doc["rescale"] = _last_rescale(store, current_gen)
+    pin = store.get_value(PIN_KEY) or {}
+    doc["pin"] = pin if pin.get("workers") is not None and pin["until"] > now else None
     recent = store.decisions(decisions)
     doc["decisions"] = [{"ts": d["ts"], "workers": d["workers"], "target": d["target"], "reason": d["reason"],
                          "message": d["message"], "applied": d.get("applied")} for d in recent]
@@ -219,17 +241,33 @@ def _when(ts: float | None) -> str:
 def format_status(doc: dict) -> str:
     """``kale status``'s text from :func:`status`'s dict."""
     lines = [f"Kale home {doc['kale_home']}" + ("" if doc.get("kale_home_exists", True) else " (does not exist)")]
-    cfg = doc["config"]
-    if cfg:
-        lines.append(f"config: {cfg['backend']} workers {cfg['min_workers']}-{cfg['max_workers']}, "
-                     f"SLO {cfg['slo_s']:g} s, shadow {'ON (decide and record, never apply)' if cfg['shadow'] else 'off'}")
-    else:
-        lines.append(f"config: INVALID: {doc['config_error']}")
     if doc.get("control_plane_error"):
         lines.append(f"control plane: {doc['control_plane_error']}")
+    if "jobs" not in doc:
+        _format_job(doc, doc, lines)
+        return "\n".join(lines)
+    f = doc["fleet"]
+    budget = f" of a budget of {f['gpus']}" if f["gpus"] else ""
+    lines.append(f"fleet: {f['jobs']} jobs, {f['workers']} worker(s) in their current generations{budget}")
+    for name, job in doc["jobs"].items():
+        sub_lines: list[str] = []
+        _format_job(job, doc, sub_lines)
+        lines.append(f"job {name}:")
+        lines += ["  " + line for line in sub_lines]
+    return "\n".join(lines)
+
+
+def _format_job(job: dict, doc: dict, lines: list[str]) -> None:
+    cfg = job["config"]
+    if cfg:
+        lines.append(f"config: {cfg['backend']} workers {cfg['min_workers']}-{cfg['max_workers']}, "
+                     f"SLO {cfg['slo_s']:g} s, priority {cfg['priority']:g}, "
+                     f"shadow {'ON (decide and record, never apply)' if cfg['shadow'] else 'off'}")
     else:
-        _format_control_plane(doc, lines)
-    m = doc["models"]
+        lines.append(f"config: INVALID: {doc['config_error']}")
+    if not doc.get("control_plane_error"):
+        _format_control_plane(job, lines)
+    m = job["models"]
     if isinstance(m, str):
         lines.append(f"models: {m}")
     elif not m:
@@ -237,7 +275,6 @@ def format_status(doc: dict) -> str:
     else:
         lines.append("models: " + ", ".join(f"{x['model']}@{x['alias']}=v{x['version']}"
                                             + (f" ({x['review']})" if x["review"] else "") for x in m))
-    return "\n".join(lines)
 
 
 def _format_control_plane(doc: dict, lines: list[str]) -> None:
@@ -250,6 +287,10 @@ def _format_control_plane(doc: dict, lines: list[str]) -> None:
                  f"{w['running_in_generation']} of the current generation, {w['pending']} pending"
                  + (f", {w['stale_heartbeats']} stale heartbeat(s)" if w["stale_heartbeats"] else ""))
     lines += _rescale_lines(doc.get("rescale"))
+    if doc.get("pin"):
+        p = doc["pin"]
+        lines.append(f"pinned to {p['workers']} worker(s) until {_when(p['until'])}"
+                     + (f" ({p['note']})" if p.get("note") else "") + ": `kale release` ends it")
     lines.append("last decisions:" if doc["decisions"] else "last decisions: none recorded")
     for d in reversed(doc["decisions"]):
         applied = " [shadow, not applied]" if d["applied"] is False else ""
@@ -269,7 +310,7 @@ def _format_control_plane(doc: dict, lines: list[str]) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    doc = status(decisions=args.decisions, models=not args.no_models)
+    doc = status(decisions=args.decisions, models=not args.no_models, job=args.job)
     if args.json:
         print(json.dumps(doc, indent=2, default=str))
     else:
@@ -278,7 +319,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 # -------------------------------------------------------------------- decide
-def dry_run_autoscaler():
+def dry_run_autoscaler(job: str | None = None):
     """The autoscaler of ``$KALE_HOME`` for one dry-run decision, and what it found missing.
 
     It opens only what exists: without a control-plane database at this kale-airflow's schema
@@ -292,13 +333,13 @@ def dry_run_autoscaler():
     from kale_airflow.store import StateStore
     from kale_airflow.stream import StreamError
 
-    cfg = load_config()
+    cfg = load_config(job)
     problem = control_plane_problem(cfg.settings.database_url)
     if problem:
         raise MissingState(f"nothing to decide on: {problem}. Nothing was created.")
-    store = StateStore(cfg.settings.database_url)
+    store = StateStore(cfg.settings.database_url, cfg.job)
     no_stream, no_mlflow = stream_problem(cfg.deployment.stream_url), mlflow_problem(cfg.settings.mlflow_uri)
-    source = Missing(LookupError(no_mlflow)) if no_mlflow else MlflowChampions(cfg.settings.mlflow_uri)
+    source = Missing(LookupError(no_mlflow)) if no_mlflow else MlflowChampions(cfg.settings.mlflow_uri, cfg.job)
     auto = Autoscaler(cfg, stream=Missing(StreamError(no_stream)) if no_stream else None, store=store,
                       registry=AnnouncedChampions(source, store))
     return auto, [m for m in (no_stream, no_mlflow) if m]
@@ -308,7 +349,7 @@ def cmd_decide(args: argparse.Namespace) -> int:
     """One observation and decision; nothing recorded, nothing applied, nothing created."""
     from kale_airflow.store.database import masked_values
 
-    auto, missing = dry_run_autoscaler()
+    auto, missing = dry_run_autoscaler(args.job)
     decision, obs = auto.poke(record=False)
     doc = {"dry_run": True, "shadow": auto.shadow, "workers_source": auto.workers_source,
            "observation": {"workers": obs.workers, "arrival_rate": obs.arrival_rate, "backlog": obs.backlog,
@@ -338,9 +379,45 @@ def cmd_decide(args: argparse.Namespace) -> int:
     return 0
 
 
+# -------------------------------------------------------------------- pins
+def _job_store(job: str):
+    """The control-plane store of a job the deployment file names (refused otherwise)."""
+    from kale_airflow.config import load_config
+    from kale_airflow.store import StateStore
+
+    cfg = load_config(job)
+    return StateStore(cfg.settings.database_url, cfg.job)
+
+
+def cmd_pin(args: argparse.Namespace) -> int:
+    """``kale pin JOB N --until T | --for D``."""
+    from kale_airflow.control.fleet import pin
+    from kale_airflow.core.fleet import epoch_of, seconds_of
+
+    now = time.time()
+    try:
+        until = epoch_of(args.until) if args.until else now + seconds_of(args.duration)
+        rec = pin(_job_store(args.job), args.workers, until, args.note, now=now)
+    except ValueError as exc:
+        print(f"kale pin: {exc}", file=sys.stderr)
+        return 2
+    print(f"job {args.job} pinned to {rec['workers']} worker(s) until {_when(rec['until'])}"
+          + (f" ({args.note})" if args.note else "") + "; its next decision applies it")
+    return 0
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    """``kale release JOB``."""
+    from kale_airflow.control.fleet import release
+
+    had = release(_job_store(args.job))
+    print(f"job {args.job}: " + (f"pin to {had['workers']} worker(s) released" if had else "was not pinned"))
+    return 0
+
+
 # -------------------------------------------------------------------- parser
 def add_ops(sub) -> None:
-    """Register ``status``, ``config validate`` and ``decide`` on the ``kale`` parser."""
+    """Register ``status``, ``config validate``, ``decide``, ``pin`` and ``release`` on the ``kale`` parser."""
     st = sub.add_parser("status", help="running generation, workers, last decisions, champions, shadow comparison",
                         description="What Kale is doing now, from the control-plane database and MLflow: the "
                                     "running generation, running and pending workers (their heartbeats), the last "
@@ -349,6 +426,7 @@ def add_ops(sub) -> None:
     st.add_argument("--json", action="store_true", help="print JSON instead of text")
     st.add_argument("--decisions", type=int, default=STATUS_DECISIONS, help="how many recent decisions to show")
     st.add_argument("--no-models", action="store_true", help="do not ask MLflow")
+    st.add_argument("--job", help="one job of the deployment (default: every job, and the fleet's total)")
     st.set_defaults(func=cmd_status)
 
     cfg = sub.add_parser("config", help="deployment configuration tools").add_subparsers(dest="config_command",
@@ -367,4 +445,23 @@ def add_ops(sub) -> None:
     de.add_argument("--dry-run", action="store_true", required=True,
                     help="required: decide without recording or applying")
     de.add_argument("--json", action="store_true", help="print JSON instead of text")
+    de.add_argument("--job", help="the deployment's job to decide for (needed when it has several)")
     de.set_defaults(func=cmd_decide)
+
+    pn = sub.add_parser("pin", help="hold a job at exactly N workers until a time (recorded in the control plane)",
+                        description="Pin JOB to WORKERS workers until --until (a UTC date-time) or for --for (a "
+                                    "duration): its decisions say `override` and name the pin, whatever the policy "
+                                    "or the calendar says (the fleet budget's floors still apply). `kale release "
+                                    "JOB` ends it early; `kale status` shows it.")
+    pn.add_argument("job", help="the job (`default` for a single-job deployment)")
+    pn.add_argument("workers", type=int, help="worker count to hold")
+    when = pn.add_mutually_exclusive_group(required=True)
+    when.add_argument("--until", help="UTC date-time the pin ends, e.g. 2026-12-24T23:00")
+    when.add_argument("--for", dest="duration", help="how long the pin lasts, e.g. 90m or 4h")
+    pn.add_argument("--note", default="", help="why (shown in decisions and kale status)")
+    pn.set_defaults(func=cmd_pin)
+
+    rl = sub.add_parser("release", help="end a job's pin", description="Remove JOB's pin (`kale pin`); its next "
+                                                                       "decision is the policy's again.")
+    rl.add_argument("job", help="the job (`default` for a single-job deployment)")
+    rl.set_defaults(func=cmd_release)

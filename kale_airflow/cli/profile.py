@@ -56,7 +56,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     report = args.report_every if args.report_every else min(5.0, max(0.5, args.seconds_per_size / 4))
     options = ProfileOptions(workers=args.workers, seconds_per_size=args.seconds_per_size, report_every_s=report,
                              startup_timeout_s=args.startup_timeout, stream_url=args.stream)
-    config = load_config()
+    config = load_config(args.job)
     if config.deployment.worker_backend != "local":
         print(f"note: worker_backend is {config.deployment.worker_backend}: this profiles the job as local processes "
               "on this machine; run it where the devices match your workers'")
@@ -99,6 +99,8 @@ def add_profile(sub) -> None:
                     help="seconds a job may take to start (torch import, rendezvous) before its size is given up "
                          "(default: 300)")
     pr.add_argument("--stream", metavar="URL", help="stream to train on (default: the deployment's stream_url)")
+    pr.add_argument("--job", help="the deployment's job to profile (needed when it has several): its stream, "
+                                  "trainer and throughput records")
     pr.add_argument("--json", metavar="OUT", help="also write each size's result (workers, samples_per_s, "
                                                    "observations, startup_s, measured_s, note) as JSON")
     pr.set_defaults(func=cmd_profile)

@@ -13,17 +13,18 @@ from __future__ import annotations
 import argparse
 import getpass
 
-from kale_airflow.registry.mlflow_registry import FORECASTER_MODEL, THROUGHPUT_MODEL
+from kale_airflow.registry.mlflow_registry import FORECASTER_MODEL, THROUGHPUT_MODEL, job_models, job_of_model
 
 MODELS = {"forecaster": FORECASTER_MODEL, "throughput": THROUGHPUT_MODEL}
 
 
 def model_name(text: str) -> str:
-    """The registered model named by ``forecaster``, ``throughput`` or its registered name."""
+    """The registered model named by ``forecaster``, ``throughput`` or its registered name
+    (a job's: ``kale-traffic-forecaster-<job>``)."""
     name = MODELS.get(text, text)
-    if name not in MODELS.values():
+    if job_of_model(name) is None:
         raise argparse.ArgumentTypeError(f"unknown model {text!r}; use forecaster, throughput, "
-                                         f"{FORECASTER_MODEL} or {THROUGHPUT_MODEL}")
+                                         f"{FORECASTER_MODEL} or {THROUGHPUT_MODEL} (-<job> for a job's)")
     return name
 
 
@@ -50,6 +51,8 @@ def cmd_promote(args: argparse.Namespace) -> int:
     from kale_airflow.registry.mlflow_registry import promote, registry_client
 
     env = settings()
+    if args.job:  # forecaster/throughput of that job
+        args.model = job_models(args.job)[0 if args.model.startswith(FORECASTER_MODEL) else 1]
     by = args.by.strip()
     if not by:
         raise ValueError("--by must name who approves the promotion")
@@ -74,7 +77,8 @@ def _announce(database_url: str, result) -> str:
     try:
         if control_plane_problem(database_url):
             return f"no control-plane database to announce it in: {later}"
-        announce(StateStore(database_url), {"promoted": True, "version": result.version}, result.model)
+        store = StateStore(database_url, job_of_model(result.model) or "default")
+        announce(store, {"promoted": True, "version": result.version}, result.model)
     except KaleError as exc:
         return f"could not announce it in the control-plane database ({masked(exc)}): {later}"
     return "announced in the control-plane database: the autoscaler reloads the champions at its next poke"
@@ -89,4 +93,6 @@ def add_promote(sub) -> None:
                     help=f"forecaster, throughput, {FORECASTER_MODEL} or {THROUGHPUT_MODEL}")
     pr.add_argument("version", metavar="VERSION", type=version_number, help="the version to promote, e.g. 3")
     pr.add_argument("--by", metavar="NAME", default=os_user(), help="who approves it (default: the OS user running the command)")
+    pr.add_argument("--job", help="the job whose model it is, in a deployment of several (or name the model "
+                                  f"{FORECASTER_MODEL}-JOB)")
     pr.set_defaults(func=cmd_promote)

@@ -1,8 +1,10 @@
 """One typed configuration: the environment (:class:`Settings`, every path derived there)
-and the deployment file (:class:`Deployment`), parsed once by :func:`load_config`."""
+and one job's settings from the deployment file (:class:`Deployment`), parsed once by
+:func:`load_config`."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from kale_airflow.config.deployment import (
@@ -10,6 +12,8 @@ from kale_airflow.config.deployment import (
     ConfigError,
     Deployment,
     KubernetesWorkerConfig,
+    dag_id,
+    job_of_dag,
     load_deployment,
     parse_deployment,
 )
@@ -18,17 +22,24 @@ from kale_airflow.config.environment import Settings, settings
 
 @dataclass(frozen=True)
 class Config:
-    """The environment and the validated deployment, together."""
+    """The environment and one job's validated settings, together."""
 
     settings: Settings
     deployment: Deployment
 
+    @property
+    def job(self) -> str:
+        """The job these settings are of (``default`` for a single-job deployment)."""
+        return self.deployment.job
 
-def load_config() -> Config:
-    """Read the environment and the deployment file once; raises :class:`ConfigError`."""
+
+def load_config(job: str | None = None) -> Config:
+    """Read the environment and the deployment file once and take job ``job``'s settings
+    (None: the deployment's only job); raises :class:`ConfigError`."""
     env = settings()
-    return Config(env, load_deployment(env))
+    dep = load_deployment(env).for_job(job)
+    return Config(dataclasses.replace(env, job=dep.job), dep)
 
 
-__all__ = ["AlertsConfig", "Config", "ConfigError", "Deployment", "KubernetesWorkerConfig", "Settings", "load_config",
-           "load_deployment", "parse_deployment", "settings"]
+__all__ = ["AlertsConfig", "Config", "ConfigError", "Deployment", "KubernetesWorkerConfig", "Settings", "dag_id",
+           "job_of_dag", "load_config", "load_deployment", "parse_deployment", "settings"]

@@ -17,6 +17,20 @@ defaults for the embedded default. The Helm chart renders the same file into a C
     kubernetes: {image: ..., namespace: kale-training, gpus_per_worker: 1}
     worker_device: auto                           # or cpu, cuda; worker_amp: true for bf16 on CUDA
 
+Several jobs on one GPU budget: every setting above is the jobs' default, and each entry of
+``jobs:`` overrides what it names (``kale:``, ``kubernetes:`` and ``alerts:`` key by key):
+
+.. code-block:: yaml
+
+    fleet: {gpus: 96}                             # the arbiter shares these between the jobs
+    jobs:
+      - {name: ranking, stream_url: "kafka://kafka.kale:9092/ranking", priority: 3, max_workers: 64}
+      - name: ads
+        stream_url: kafka://kafka.kale:9092/ads
+        schedule_overrides: [{cron: "0 19 * * *", duration: 4h, min_workers: 16, name: final}]
+
+A file without ``jobs:`` is one job named ``default``.
+
 Types are strict (``"15"`` is not a number; an integer is a valid float); every error
 names the file, the field, what was expected and what was found.
 """
@@ -24,6 +38,7 @@ names the file, the field, what was expected and what was found.
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from functools import cached_property
 from typing import Annotated, Any, Literal
@@ -40,8 +55,9 @@ from pydantic import (
     model_validator,
 )
 
-from kale_airflow.config.environment import Settings
+from kale_airflow.config.environment import DEFAULT_JOB, Settings
 from kale_airflow.core.errors import KaleError
+from kale_airflow.core.fleet import VIOLATION_GPUS, Override, check_floors
 from kale_airflow.core.policies import KaleConfig, Limits
 
 STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
@@ -49,6 +65,19 @@ STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
 KafkaSecretEnv = Literal["KALE_KAFKA_CONFIG", "KALE_KAFKA_SASL_USERNAME", "KALE_KAFKA_SASL_PASSWORD"]
 SecretKey = Annotated[str, StringConstraints(pattern=r"^[-._a-zA-Z0-9]{1,253}$")]
 _DNS_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+# A job's name goes into DAG ids, MLflow model names, pod labels and control-plane rows.
+JOB_NAME = r"^[a-z0-9]([-a-z0-9_]{0,38}[a-z0-9])?$"
+
+
+def dag_id(base: str, job: str) -> str:
+    """The id of a job's DAG: ``base`` for the ``default`` job (a single-job deployment's
+    ids do not change), ``base__<job>`` for the others."""
+    return base if job == DEFAULT_JOB else f"{base}__{job}"
+
+
+def job_of_dag(dag: str) -> str:
+    """The job a Kale DAG id is of (the inverse of :func:`dag_id`)."""
+    return dag.split("__", 1)[1] if "__" in dag else DEFAULT_JOB
 
 
 class ConfigError(KaleError, ValueError):
@@ -158,6 +187,47 @@ class AlertsConfig(BaseModel):
     review_pending: bool = Field(True, description="Alert when a challenger is held for review in MLflow.")
 
 
+class ScheduleOverride(BaseModel):
+    """A calendar window bounding a job's workers: ``cron`` with ``duration`` (``4h``,
+    ``90m``; every cron time, UTC) or ``start`` and ``end`` (dates or date-times, UTC)."""
+
+    model_config = STRICT
+
+    name: str = Field("", description="Shown in decisions made inside the window.")
+    cron: str | None = Field(None, description="Five-field cron expression (UTC) of the window's opening times.")
+    duration: str | None = Field(None, description="How long each cron window lasts (`4h`, `90m`, `3600s`).")
+    start: str | None = Field(None, description="A dated window's start (UTC), instead of `cron`.")
+    end: str | None = Field(None, description="A dated window's end (UTC, excluded).")
+    min_workers: int | None = Field(None, ge=0, description="Floor while the window is open.")
+    max_workers: int | None = Field(None, ge=0, description="Cap while the window is open.")
+
+    @model_validator(mode="after")
+    def _a_valid_window(self) -> "ScheduleOverride":
+        self.override  # noqa: B018 - the window's own rules and messages
+        return self
+
+    @cached_property
+    def override(self) -> Override:
+        """The window as the pure arbiter takes it."""
+        return Override.from_dict(self.model_dump(exclude_none=True, exclude_defaults=False))
+
+
+class FleetConfig(BaseModel):
+    """The GPU budget the jobs of ``jobs:`` share."""
+
+    model_config = STRICT
+
+    gpus: int = Field(gt=0, description="Workers (GPUs) all jobs together may run; the arbiter shares them by the "
+                                        "priority-weighted cost of denying each job a worker. Not below the sum "
+                                        "of the jobs' `min_workers`.")
+    violation_gpus: float = Field(VIOLATION_GPUS, gt=0, description="GPU-seconds one second of risked SLO "
+                                                                    "violation costs, against the workers' GPU "
+                                                                    "time.")
+    demand_ttl_s: float = Field(300.0, gt=0, description="Seconds a job's last recorded demand counts for the "
+                                                         "others' arbitration (a job whose autoscaler stopped "
+                                                         "asking keeps only the workers it runs).")
+
+
 # The policy's own fields (core.policies.KaleConfig) as a strict model, so ``kale:`` is
 # validated field by field; SLO, downtime and interval come from the top level.
 _FROM_TOP_LEVEL = {"slo_s", "rescale_downtime_s", "interval_s"}
@@ -178,6 +248,15 @@ class Deployment(BaseModel):
                                         "(a `kale_kafka` connection). Never credentials: a Kafka URL with a user or "
                                         "password is refused. A file that omits it gets "
                                         "`sqlite:///$KALE_HOME/stream.db`.")
+    job: str = Field(DEFAULT_JOB, pattern=JOB_NAME,
+                     description="The job's name (an entry of `jobs:` sets it from `name`): its DAG ids "
+                                 "(`kale_autoscaler__<job>`), MLflow models and control-plane rows carry it. A file "
+                                 "without `jobs:` is the job `default`, whose DAGs keep their plain ids.")
+    priority: float = Field(1.0, gt=0, description="Weight of the job's costs when the fleet's GPUs do not cover "
+                                                   "every job's need.")
+    schedule_overrides: list[ScheduleOverride] = Field(
+        default_factory=list, description="Calendar windows with a floor or a cap on the workers (applied as "
+                                          "limits; decisions inside one say `override`).")
     group: str = Field("kale", description="Prefix of the consumer groups workers commit to (one group per slice, "
                                            "`{group}/p{partition}:{lo}-{hi}`).")
     worker_backend: Literal["local", "kubernetes"] = Field(
@@ -196,8 +275,6 @@ class Deployment(BaseModel):
                                                            "decisions.")
     bin_s: float = Field(300.0, gt=0, description="Seconds per bin of the traffic history the autoscaler records "
                                                   "and forecasts from.")
-    training_dag_id: str = Field("kale_training", description="Id of the training DAG (the bundled "
-                                                              "`kale_autoscaler` DAG triggers `kale_training`).")
     worker_batch_size: int = Field(512, ge=1, description="Samples per training step and rank.")
     worker_step_time_s: float = Field(0.0, ge=0, description="Emulated accelerator step time per batch, for demos "
                                                              "on CPU (0: no emulation).")
@@ -238,12 +315,69 @@ class Deployment(BaseModel):
                                             "(`applied: false`) beside the autoscaler already in charge (HPA, KEDA, "
                                             "a person); never start or stop a worker.")
     alerts: AlertsConfig = Field(default_factory=AlertsConfig, description="Where alerts go.")
+    fleet: FleetConfig | None = Field(None, description="The GPU budget the jobs share (null: each job is bounded "
+                                                        "by its own limits only).")
+    jobs: list[dict[str, Any]] | None = Field(
+        None, description="Several training jobs on one deployment: each entry has a `name` and overrides any "
+                          "setting above for that job (`kale`, `kubernetes`, `alerts` key by key). null: one "
+                          "job, `default`.")
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> "Deployment":
         self.limits  # noqa: B018 - min/max/partitions, with the policy's own messages
         self.kale_config  # noqa: B018 - e.g. lookahead_s must cover rescale_downtime_s
+        self.all_jobs  # noqa: B018 - every job valid, names and streams apart, the budget above the floors
         return self
+
+    @cached_property
+    def all_jobs(self) -> dict[str, "Deployment"]:
+        """Every job's own settings by name (one, ``default`` or the file's ``job``, without
+        ``jobs:``)."""
+        if self.jobs is None:
+            jobs = {self.job: self}
+        else:
+            if not self.jobs:
+                raise ValueError("jobs: is empty; list at least one job (each with a name) or remove jobs:")
+            base = self.model_dump(exclude={"jobs", "job"}, exclude_unset=True)  # the fleet too: every job sees it
+            jobs = {}
+            for i, entry in enumerate(self.jobs):
+                name = entry.get("name")
+                if not isinstance(name, str) or not re.match(JOB_NAME, name):
+                    raise ValueError(f"jobs[{i}]: every job needs a name of lowercase letters, digits, - and _ "
+                                     f"(at most 40), got {name!r}")
+                if name in jobs:
+                    raise ValueError(f"jobs[{i}]: the name {name!r} is used twice; job names must differ")
+                own = {k: v for k, v in entry.items() if k != "name"}
+                if {"jobs", "fleet", "job"} & set(own):
+                    raise ValueError(f"jobs[{i}] ({name}): jobs, fleet and job are set at the top level only")
+                merged = {**base, **own, "job": name}
+                for section in ("kale", "kubernetes", "alerts"):
+                    if isinstance(own.get(section), dict) and isinstance(base.get(section), dict):
+                        merged[section] = {**base[section], **own[section]}
+                try:
+                    jobs[name] = Deployment.model_validate(merged)
+                except ValidationError as exc:
+                    raise ValueError("\n  ".join(f"jobs[{i}] ({name}) {line}" for line in _problems(exc))) from None
+        streams: dict[tuple[str, str], str] = {}
+        for name, job in jobs.items():
+            other = streams.setdefault((job.stream_url, job.group), name)
+            if other != name:
+                raise ValueError(f"jobs {other} and {name} read {job.stream_url} with the same group {job.group!r}: "
+                                 "their workers would share commits; give one its own group or stream_url")
+        if self.fleet is not None:
+            check_floors({name: job.min_workers for name, job in jobs.items()}, self.fleet.gpus)
+        return jobs
+
+    def for_job(self, name: str | None) -> "Deployment":
+        """The settings of job ``name`` (None: the only job; a file with several jobs must name one)."""
+        if name is None:
+            if len(self.all_jobs) > 1:
+                raise ConfigError(f"this deployment has {len(self.all_jobs)} jobs ({', '.join(self.all_jobs)}); "
+                                  "name one (the DAGs of a job pass theirs)")
+            return next(iter(self.all_jobs.values()))
+        if name not in self.all_jobs:
+            raise ConfigError(f"no job {name!r} in this deployment; its jobs: {', '.join(self.all_jobs)}")
+        return self.all_jobs[name]
 
     @cached_property
     def limits(self) -> Limits:
@@ -258,11 +392,15 @@ class Deployment(BaseModel):
 
 
 _SECTIONS = {(): Deployment, ("kale",): KalePolicySettings, ("kubernetes",): KubernetesWorkerConfig,
-             ("alerts",): AlertsConfig}
+             ("alerts",): AlertsConfig, ("fleet",): FleetConfig}
 
 
 def explain(exc: ValidationError, source: str) -> ConfigError:
     """One line per problem: the field, what was expected, what was found (unknown keys list the allowed ones)."""
+    return ConfigError(f"{source}: invalid configuration:\n  " + "\n  ".join(_problems(exc)))
+
+
+def _problems(exc: ValidationError) -> list[str]:
     lines = []
     for err in exc.errors():
         loc = tuple(str(p) for p in err["loc"])
@@ -275,7 +413,7 @@ def explain(exc: ValidationError, source: str) -> ConfigError:
         else:
             got = err.get("input")
             lines.append(f"{field}: {err['msg'].lower()}, got {got!r} ({type(got).__name__})")
-    return ConfigError(f"{source}: invalid configuration:\n  " + "\n  ".join(lines))
+    return lines
 
 
 def parse_deployment(data: dict, source: str = "configuration") -> Deployment:

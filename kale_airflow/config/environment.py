@@ -44,6 +44,9 @@ Read where they are used (listed here so that one place names every variable):
   deployment's ``trainer``);
 - ``KALE_WARM_WAIT_S``: a worker's default ``--warm-wait`` (seconds a rank waits for the next
   generation after its own stops; 0: one generation per process);
+- ``KALE_JOB``: a worker's default ``--job`` and the decision exporter's ``--job``: the
+  deployment's job whose control-plane rows it uses (``jobs:`` in the deployment file;
+  default ``default``);
 - ``KALE_START_REASON``: why the local pool started a rank process (``start``, ``scale-up``,
   ``restart after slot 1 ended with signal SIGKILL``, ...), recorded with a restart's pause;
 - ``KALE_RENDEZVOUS``: a worker's default ``--rendezvous`` (``HOST:PORT``, or
@@ -70,6 +73,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+DEFAULT_JOB = "default"  # the job of a single-job deployment (no job in its DAG ids, models or paths)
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -80,6 +85,12 @@ class Settings:
     metrics_source: str = "embedded"
     config_file: Path | None = None
     database: str | None = field(default=None, repr=False)  # may hold a password: never in reprs or logs
+    # The training job whose rows, models and folders a component works on (``jobs:`` in the
+    # deployment file; ``default`` for a single-job deployment, whose paths have no job in them).
+    job: str = DEFAULT_JOB
+
+    def _folder(self, name: str) -> Path:
+        return self.home / name if self.job == DEFAULT_JOB else self.home / "jobs" / self.job / name
 
     @property
     def database_url(self) -> str:
@@ -99,24 +110,24 @@ class Settings:
 
     @property
     def checkpoints(self) -> Path:
-        """Local workers' checkpoint folder."""
-        return self.home / "checkpoints"
+        """Local workers' checkpoint folder (the job's own)."""
+        return self._folder("checkpoints")
 
     @property
     def worker_logs(self) -> Path:
-        """Local workers' log files."""
-        return self.home / "worker-logs"
+        """Local workers' log files (the job's own)."""
+        return self._folder("worker-logs")
 
     def run_dir(self, run_id: str) -> Path:
-        """Per-run working folder of the retrain/refit pipelines (created)."""
+        """Per-run working folder of the retrain/refit pipelines (created; the job's own)."""
         safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in run_id)
-        path = self.home / "runs" / safe
+        path = self._folder("runs") / safe
         path.mkdir(parents=True, exist_ok=True)
         return path
 
 
-def settings() -> Settings:
-    """Read the environment (each call, so tests and tasks see changes)."""
+def settings(job: str = DEFAULT_JOB) -> Settings:
+    """Read the environment (each call, so tests and tasks see changes), for job ``job``."""
     if os.environ.get("KALE_HOME"):
         home = Path(os.environ["KALE_HOME"])
     elif os.environ.get("AIRFLOW_HOME"):
@@ -131,5 +142,5 @@ def settings() -> Settings:
     explicit = os.environ.get("KALE_CONFIG")
     return Settings(home=home, mlflow_uri=uri, metrics_source=os.environ.get("KALE_METRICS_SOURCE", "embedded"),
                     config_file=Path(explicit).expanduser() if explicit else None,
-                    database=os.environ.get("KALE_DATABASE_URL") or None)
+                    database=os.environ.get("KALE_DATABASE_URL") or None, job=job)
 

@@ -12,3 +12,21 @@ def schedule_from(variable: str, default: str) -> str:
     else ``$<VARIABLE>`` (e.g. ``KALE_AUTOSCALER_SCHEDULE``), else ``default``."""
     name = variable.upper()
     return os.environ.get(f"AIRFLOW_VAR_{name}") or os.environ.get(name) or default
+
+
+def deployment_jobs() -> dict:
+    """Every job of the deployment file by name (its :class:`~kale_airflow.config.Deployment`),
+    read at parse time from the file alone, so the DAG files make one set of DAGs per job.
+    When the file cannot be read, the ``default`` job with default settings: its DAGs still
+    parse, and their first task fails with the file's problem (parsing must not)."""
+    from kale_airflow.config import ConfigError, Deployment, load_deployment, settings
+
+    try:
+        return dict(load_deployment(settings()).all_jobs)
+    except ConfigError:
+        return {"default": Deployment(stream_url="unconfigured")}
+
+
+def job_tags(job: str) -> list[str]:
+    """The tags of a job's DAGs: ``kale``, and ``job:<name>`` in a deployment of several jobs."""
+    return ["kale"] if job == "default" else ["kale", f"job:{job}"]

@@ -67,12 +67,13 @@ class Alerter:
             return False
 
 
-def alerter(logger: logging.Logger | None = None) -> Alerter:
-    """The deployment's alerter; the log-only default when the configuration cannot be read."""
+def alerter(logger: logging.Logger | None = None, job: str | None = None) -> Alerter:
+    """Job ``job``'s alerter (None: the deployment's only job); the log-only default when the
+    configuration cannot be read."""
     from kale_airflow.config import ConfigError, load_config
 
     try:
-        return Alerter(load_config().deployment.alerts, logger)
+        return Alerter(load_config(job).deployment.alerts, logger)
     except ConfigError as exc:
         (logger or log).error("alerts use the log-only default: %s", exc)
         return Alerter(None, logger)
@@ -80,11 +81,13 @@ def alerter(logger: logging.Logger | None = None) -> Alerter:
 
 def task_failure_callback(context: dict) -> None:
     """``on_failure_callback`` of the Kale DAGs: a task failed after its retries (or for good)."""
-    a = alerter()
-    if not a.config.task_failures:
-        return
+    from kale_airflow.config import job_of_dag
+
     ti = context.get("ti") or context.get("task_instance")
     dag_id = getattr(ti, "dag_id", None) or getattr(context.get("dag"), "dag_id", "?")
+    a = alerter(job=job_of_dag(dag_id))
+    if not a.config.task_failures:
+        return
     task_id = getattr(ti, "task_id", "?")
     map_index = getattr(ti, "map_index", -1)
     if isinstance(map_index, int) and map_index >= 0:  # one of a generation's mapped worker pods
@@ -99,11 +102,11 @@ def task_failure_callback(context: dict) -> None:
            context)
 
 
-def review_pending(result: dict, model: str, logger: logging.Logger | None = None) -> bool:
+def review_pending(result: dict, model: str, logger: logging.Logger | None = None, job: str | None = None) -> bool:
     """Alert when a promote-or-hold result held the challenger for review; True if one was sent."""
     if result.get("promoted"):
         return False
-    a = alerter(logger)
+    a = alerter(logger, job)
     if not a.config.review_pending:
         return False
     a.send("review_pending", f"{model} v{result.get('version')} waits for review",

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from kale_airflow.config import Config, load_config
+from kale_airflow.control.fleet import FleetLimits
 from kale_airflow.control.promotions import AnnouncedChampions, ManualApprovals
 from kale_airflow.core.policies import Decision, KalePolicy, Observation, Reason, build_kale
 from kale_airflow.core.policies.kale import planned_downtime
@@ -56,12 +57,14 @@ class Autoscaler:
 
         self.settings, self.dep = config.settings, config.deployment
         self.stream = stream if stream is not None else open_stream(self.dep.stream_url)
+        self.job = config.job
         self.metrics = metrics if metrics is not None else open_metrics(self.settings.metrics_source,
-                                                                        self.settings.database_url)
-        self.state = store or StateStore(self.settings.database_url)
+                                                                        self.settings.database_url, self.job)
+        self.state = store or StateStore(self.settings.database_url, self.job)
         # A champion moved by hand in the MLflow UI is tagged approved-manually at the next answer.
-        self.registry = registry or AnnouncedChampions(MlflowChampions(self.settings.mlflow_uri), self.state,
-                                                       on_answer=ManualApprovals(self.settings.mlflow_uri))
+        champions = MlflowChampions(self.settings.mlflow_uri, self.job)
+        self.registry = registry or AnnouncedChampions(champions, self.state, on_answer=ManualApprovals(
+            self.settings.mlflow_uri, models=champions.models))
         self.list_pods = pods or self._list_worker_pods
         self.policy: KalePolicy | None = None
         self.versions: tuple[str, str] | None = None
@@ -71,11 +74,14 @@ class Autoscaler:
         self.workers_source = "generation"  # where the last observation's worker count came from
         self.planned_downtime_s = self.dep.rescale_downtime_s  # measured by observe()
         self._alerter = None
+        # Calendar windows, a pin (`kale pin`) and the fleet's GPU budget bound every decision.
+        self.limits = FleetLimits(self.dep, self.state)
 
     @classmethod
-    def from_environment(cls, shadow: bool | None = None) -> "Autoscaler":
-        """The autoscaler of ``$KALE_HOME`` and its validated deployment configuration."""
-        return cls(load_config(), shadow=shadow)
+    def from_environment(cls, shadow: bool | None = None, job: str | None = None) -> "Autoscaler":
+        """The autoscaler of job ``job`` (None: the only one) of ``$KALE_HOME``'s validated
+        deployment configuration."""
+        return cls(load_config(job), shadow=shadow)
 
     # ----------------------------------------------------------------- models
     def _champions(self):
@@ -272,6 +278,7 @@ class Autoscaler:
                      self.dep.rescale_downtime_s)
             self.policy.config = dataclasses.replace(self.policy.config, rescale_downtime_s=downtime)
         d = self.policy.first_start(obs) if obs.workers == 0 else self.policy.decide(obs)
+        d = self.limits.apply(d, obs, now, self.policy, record=record)
         if not record:
             log.info("dry run: %s -> %s (%s) %s", obs.workers, d.workers, d.reason.value, d.message)
             return d, obs
@@ -349,43 +356,34 @@ class ChampionSource(Protocol):
 
 
 class MlflowChampions:
-    """The champions registered in MLflow under the ``champion`` alias."""
+    """A job's champions registered in MLflow under the ``champion`` alias."""
 
-    def __init__(self, uri: str):
+    def __init__(self, uri: str, job: str = "default"):
+        from kale_airflow.registry.mlflow_registry import job_models
+
         self.uri = uri
+        self.models = job_models(job)  # (forecaster, throughput model)
         self._seen: tuple[str | None, str | None] = (None, None)
 
     def versions(self) -> tuple[str | None, str | None]:
-        from kale_airflow.registry.mlflow_registry import (
-            CHAMPION,
-            FORECASTER_MODEL,
-            THROUGHPUT_MODEL,
-            current_version,
-            registry_client,
-        )
+        from kale_airflow.registry.mlflow_registry import CHAMPION, current_version, registry_client
 
         # The cached client of this URI only: this runs in the triggerer, next to other
         # triggers, so no process-wide MLflow state or environment is changed.
         client = registry_client(self.uri)
-        self._seen = (current_version(client, FORECASTER_MODEL, CHAMPION),
-                      current_version(client, THROUGHPUT_MODEL, CHAMPION))
+        self._seen = tuple(current_version(client, name, CHAMPION) for name in self.models)
         return self._seen
 
     def load(self) -> tuple:
         """The versions :meth:`versions` last reported (so the recorded versions are the loaded
         ones even if the alias moves in between), else the current champions; no throughput
         champion yet is None."""
-        from kale_airflow.registry.mlflow_registry import (
-            FORECASTER_MODEL,
-            THROUGHPUT_MODEL,
-            load_champion,
-            load_version,
-        )
+        from kale_airflow.registry.mlflow_registry import load_champion, load_version
 
-        seen = self._seen
+        seen, (forecaster, throughput_model) = self._seen, self.models
 
         def one(name: str, version: str | None):
             return load_version(name, version, self.uri) if version else load_champion(name, self.uri)
 
-        throughput = one(THROUGHPUT_MODEL, seen[1]).unwrap_python_model().model if seen[1] else None
-        return one(FORECASTER_MODEL, seen[0]).unwrap_python_model().forecaster, throughput
+        throughput = one(throughput_model, seen[1]).unwrap_python_model().model if seen[1] else None
+        return one(forecaster, seen[0]).unwrap_python_model().forecaster, throughput

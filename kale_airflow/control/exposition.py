@@ -179,13 +179,15 @@ class DecisionMetrics:
 
 class StoreExporter:
     """Feeds :class:`DecisionMetrics` from the control-plane database's ``decisions`` table:
-    every decision recorded since the exporter started is counted once, in order."""
+    every decision of job ``job`` recorded since the exporter started is counted once, in
+    order (one exporter per job of a fleet)."""
 
     def __init__(self, url: str, metrics: DecisionMetrics | None = None, *, slo_s: float | None = None,
-                 slo_risk_fraction: float = 0.5, forecast_quantile: float | None = None):
+                 slo_risk_fraction: float = 0.5, forecast_quantile: float | None = None, job: str = "default"):
         from kale_airflow.store.database import open_database
 
         self.db = open_database(url)
+        self.job = job
         self.metrics = metrics or DecisionMetrics()
         self.kw = {"slo_s": slo_s, "slo_risk_fraction": slo_risk_fraction, "forecast_quantile": forecast_quantile}
         self.last_id: int | None = None
@@ -202,13 +204,13 @@ class StoreExporter:
         with self._lock:
             with self.db.connect() as c:
                 if self.last_id is None:
-                    top = c.execute(select(func.max(d.id))).scalar()
+                    top = c.execute(select(func.max(d.id)).where(d.job == self.job)).scalar()
                     if top is None:
                         self.last_id = 0
                         return 0
                     self.last_id = top - 1
                 rows = c.execute(select(d.id, d.ts, d.workers, d.target, d.reason, d.message, d.details)
-                                 .where(d.id > self.last_id).order_by(d.id)).all()
+                                 .where(d.job == self.job, d.id > self.last_id).order_by(d.id)).all()
             for i, ts, w, tgt, reason, msg, details in rows:
                 self.metrics.record_row({"ts": ts, "workers": w, "target": tgt, "reason": reason, "message": msg,
                                          **json.loads(details or "{}")}, **self.kw)
@@ -251,15 +253,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=int(os.environ.get(PORT_ENV, DEFAULT_PORT)))
     ap.add_argument("--addr", default="0.0.0.0")
     ap.add_argument("--interval", type=float, default=5.0, help="seconds between reads of the decisions table")
+    ap.add_argument("--job", default=os.environ.get("KALE_JOB"),
+                    help="the deployment's job whose decisions to export (default $KALE_JOB; needed when it has "
+                         "several: run one exporter per job)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s exporter %(message)s")
     from kale_airflow.config import load_config
 
-    config = load_config()
+    config = load_config(args.job)
     dep = config.deployment
     exporter = StoreExporter(config.settings.database_url, slo_s=dep.slo_s,
                              slo_risk_fraction=dep.alerts.slo_risk_fraction,
-                             forecast_quantile=dep.kale_config.forecast_quantile)
+                             forecast_quantile=dep.kale_config.forecast_quantile, job=config.job)
     exporter.run(args.port, args.interval, args.addr)
     return 0
 

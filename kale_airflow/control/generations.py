@@ -85,15 +85,16 @@ def decision_id(decision: dict, run_id: str) -> str:
     return f"{run_id}:{seen}:{decision.get('current')}->{int(decision['workers'])}"
 
 
-def decision_event(autoscaler) -> tuple[bool, dict]:
-    """One observation and decision of ``autoscaler`` as the event the sensor and the trigger
-    complete with, and whether it is a change (the decided count differs from the running one).
+def decision_event(autoscaler, now: float | None = None) -> tuple[bool, dict]:
+    """One observation and decision of ``autoscaler`` (at ``now``; None: the clock) as the
+    event the sensor and the trigger complete with, and whether it is a change (the decided
+    count differs from the running one).
 
     ``current_generation`` is read *before* the observation: should another generation become
     current in between, the decision saw a newer state than it names, and the apply's
     compare-and-set makes it a no-op instead of replacing a generation it did not see."""
     seen = autoscaler.state.current_generation()
-    decision, obs = autoscaler.poke()
+    decision, obs = autoscaler.poke(now)
     done = decision.workers != obs.workers
     return done, {"status": "scale" if done else "hold", "current": obs.workers, "current_generation": seen,
                   "shadow": autoscaler.shadow, **decision.to_dict()}
@@ -104,7 +105,7 @@ class Generations:
 
     def __init__(self, config: Config, store: StateStore | None = None, logger: logging.Logger | None = None):  # pragma: no mutate block
         self.config = config
-        self.store = store or StateStore(config.settings.database_url)
+        self.store = store or StateStore(config.settings.database_url, config.job)
         self.log = logger or log
 
     # -------------------------------------------------------------- decisions
@@ -177,7 +178,8 @@ class Generations:
 
         dep, env = self.config.deployment, self.config.settings
         stream = open_stream(dep.stream_url)
-        rates = self._stream_rates(stream) or open_metrics(env.metrics_source, env.database_url).partition_rates()
+        rates = (self._stream_rates(stream)
+                 or open_metrics(env.metrics_source, env.database_url, env.job).partition_rates())
         prev = self.store.latest(name, before=generation)
         previous_doc = {"assignment": prev[1]["assignment"]} if prev else None
         if prev:  # its workers must have checkpointed and stopped: never two generations on one slice
@@ -258,7 +260,7 @@ class Generations:
         step = ["--step-time", str(dep.worker_step_time_s)] if dep.worker_step_time_s else []
         return WorkerSpec(dep.stream_url, checkpoint_dir, dep.group, database_url, dep.worker_batch_size, step,
                           device=dep.worker_device, amp=dep.worker_amp, trainer=dep.trainer,
-                          warm_wait_s=dep.worker_warm_wait_s)
+                          warm_wait_s=dep.worker_warm_wait_s, job=dep.job)
 
     def pod_arguments(self, generation: str, run_id: str | None = None) -> list[list[str]]:  # pragma: no mutate block
         """The rank command's arguments for each pod the generation needs started (the image

@@ -21,12 +21,25 @@ import math
 import time
 from collections.abc import Callable
 
-from kale_airflow.registry.mlflow_registry import FORECASTER_MODEL, THROUGHPUT_MODEL
+from kale_airflow.registry.mlflow_registry import FORECASTER_MODEL, THROUGHPUT_MODEL, job_of_model
 
 log = logging.getLogger(__name__)
 MODELS = (FORECASTER_MODEL, THROUGHPUT_MODEL)  # the order of a champion source's versions()
 
 ASSET_URIS = {FORECASTER_MODEL: "kale://models/forecaster", THROUGHPUT_MODEL: "kale://models/throughput"}
+
+
+def asset_uri(model: str) -> str:
+    """The Asset announcing ``model``'s champions: ``kale://models/forecaster`` (or
+    ``throughput``) for the default job's models, ``.../<job>`` for another job's
+    (``kale-traffic-forecaster-<job>``)."""
+    job = job_of_model(model)
+    for base, uri in ASSET_URIS.items():
+        if job is not None and model.startswith(base):
+            return uri if job == "default" else f"{uri}/{job}"
+    raise KeyError(f"{model!r} is not a kale model; expected {' or '.join(ASSET_URIS)} (with -<job> for a job)")
+
+
 PROMOTION_KEY = "champions/last_promotion"
 RECHECK_S = 600.0  # the registry is still asked this often, for promotions made in the MLflow UI
 
@@ -69,10 +82,11 @@ class AnnouncedChampions:
         return self.source.load()
 
 
-def unchecked(versions: tuple, checked: dict[str, str]) -> list[tuple[str, str, str | None]]:
+def unchecked(versions: tuple, checked: dict[str, str], models: tuple = MODELS) -> list[tuple[str, str, str | None]]:
     """``(model, champion version, champion checked before it)`` for each champion in
-    ``versions`` (ordered as :data:`MODELS`) whose approval is not yet known to be on record."""
-    return [(name, str(v), checked.get(name)) for name, v in zip(MODELS, versions)
+    ``versions`` (ordered as ``models``: a job's forecaster, then its throughput model)
+    whose approval is not yet known to be on record."""
+    return [(name, str(v), checked.get(name)) for name, v in zip(models, versions)
             if v is not None and checked.get(name) != str(v)]
 
 
@@ -85,15 +99,15 @@ class ManualApprovals:
     A failure (MLflow down, a read-only token) is logged and the check repeated with the next
     answer; it never stops a decision. Not for dry runs: it writes tags."""
 
-    def __init__(self, uri: str, clock: Callable[[], float] = time.time):
-        self.uri, self.clock = uri, clock
+    def __init__(self, uri: str, clock: Callable[[], float] = time.time, models: tuple = MODELS):
+        self.uri, self.clock, self.models = uri, clock, models
         self.checked: dict[str, str] = {}  # model -> the champion version whose approval is on record
 
     def __call__(self, versions: tuple) -> None:
         from kale_airflow.registry.mlflow_registry import record_manual_approval, registry_client
         from kale_airflow.store.database import masked
 
-        for name, version, previous in unchecked(versions, self.checked):
+        for name, version, previous in unchecked(versions, self.checked, self.models):
             try:
                 if record_manual_approval(registry_client(self.uri), name, version, previous, self.clock()):
                     log.warning("%s v%s became champion outside kale (the alias was moved by hand): tagged "

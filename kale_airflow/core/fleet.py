@@ -85,6 +85,36 @@ class JobDemand:
         """GPUs the job holds now."""
         return self.current if self.held is None else self.held
 
+    def to_dict(self) -> dict:
+        """JSON-friendly form (infinite costs as null), for the control plane where the jobs of
+        a fleet read each other's demands."""
+        def arr(a):
+            return None if a is None else [None if not np.isfinite(v) else float(v) for v in np.asarray(a, float)]
+
+        return {"name": self.name, "want": self.want, "current": self.current, "min_workers": self.min_workers,
+                "max_workers": self.max_workers, "priority": self.priority, "cost": arr(self.cost),
+                "risk_s": arr(self.risk_s), "slo_ok": None if self.slo_ok is None else [bool(v) for v in self.slo_ok],
+                "horizon_s": self.horizon_s, "held": self.held, "locked": self.locked}
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> "JobDemand":
+        """Inverse of :meth:`to_dict`."""
+        def arr(a, fill):
+            return None if a is None else np.asarray([fill if v is None else v for v in a], dtype=float)
+
+        slo_ok = doc.get("slo_ok")
+        return cls(doc["name"], int(doc["want"]), int(doc["current"]), int(doc["min_workers"]),
+                   int(doc["max_workers"]), float(doc["priority"]), arr(doc.get("cost"), math.inf),
+                   arr(doc.get("risk_s"), math.inf), None if slo_ok is None else np.asarray(slo_ok, dtype=bool),
+                   float(doc.get("horizon_s", 3600.0)), doc.get("held"), bool(doc.get("locked", False)))
+
+    def idle(self) -> "JobDemand":
+        """The demand of a job whose autoscaler stopped asking: it keeps what it runs, and
+        nothing it does not run is priced for it."""
+        n = self.current
+        return JobDemand(self.name, n, n, min(self.min_workers, n), max(n, self.min_workers), self.priority,
+                         held=self.held, locked=True)
+
     @classmethod
     def from_plan(cls, name: str, plan, want: int, current: int, *, capacity, freshness_s: float, slo_s: float,
                   downtime_s: float, horizon_s: float, arrival_rate: float | None = None, backlog: float = 0.0,
@@ -278,14 +308,19 @@ def first_come(demands: list[JobDemand], budget: int) -> list[int]:
 def admit(demands: list[JobDemand], targets: list[int], budget: int) -> list[int]:
     """The counts that start now: scale-downs and holds at once (a scale-down keeps its old
     GPUs through its pause), scale-ups in :func:`_order` while the GPUs free now cover them,
-    whole; the others keep their count and wait."""
+    whole; the others keep their count and wait, except that a job below its floor takes the
+    GPUs free now towards its target (its floor is owed before a second pause is saved)."""
     free = budget - sum(d.gpus for d in demands)
     now = [min(t, d.current) for d, t in zip(demands, targets)]
     for i in _order(demands):
-        extra = targets[i] - demands[i].gpus
-        if targets[i] > demands[i].current and extra <= free:
+        d = demands[i]
+        extra = targets[i] - d.gpus
+        if targets[i] > d.current and extra <= free:
             now[i] = targets[i]
             free -= max(0, extra)
+        elif d.current < d.min_workers and free > 0 and not d.locked:  # below its floor: what is free, now
+            now[i] = min(targets[i], d.current + free)
+            free -= max(0, now[i] - d.gpus)
     return now
 
 
@@ -326,13 +361,13 @@ def allocate(demands: list[JobDemand], budget: int, *, rule: str = "arbiter",
 def _why(i: int, demands: list[JobDemand], targets: list[int], now: list[int], rule: str, costs) -> str:
     """Why job i runs fewer workers than it asks for, in the rule's terms: the arbiter gave
     the GPUs where they save more, the first-come order gave them to earlier jobs, or its
-    scale-up waits for GPUs that others release when their rescale ends."""
+    scale-up waits for GPUs that others are releasing (their targets are below what they hold)."""
     d, target, workers = demands[i], targets[i], now[i]
     lo, hi = _range(d)
-    if target >= hi:
-        releasing = [e.name for e, n in zip(demands, now) if e is not d and (e.gpus > e.current or n < e.current)]
-        return (f"{d.name} waits at {workers} for the {target - d.gpus} GPUs its scale-up to {target} needs: "
-                f"{', '.join(releasing) or 'the other jobs'} release them when their rescale ends")
+    if workers < target:
+        releasing = [e.name for e, t in zip(demands, targets) if e is not d and t < e.gpus]
+        return (f"{d.name} waits at {workers} for the {target - max(workers, d.gpus)} GPUs its scale-up to {target} "
+                f"needs, being released by {', '.join(releasing) or 'the other jobs'}")
     head = f"{d.name} gets {target} of the {hi} workers it asks for"
     if rule == "fcfs" or costs is None:
         return f"{head}: jobs before it in the first-come order took the rest"
@@ -342,7 +377,7 @@ def _why(i: int, demands: list[JobDemand], targets: list[int], now: list[int], r
 
 
 # ---------------------------------------------------------------- stage 1: bounds
-def _epoch(value) -> float:
+def epoch_of(value) -> float:
     """Epoch seconds of a date, date-time or number (naive values are UTC)."""
     if isinstance(value, (int, float)):
         return float(value)
@@ -350,7 +385,7 @@ def _epoch(value) -> float:
     return (ts.tz_convert("UTC") if ts.tzinfo else ts.tz_localize("UTC")).value / 1e9
 
 
-def _seconds(value) -> float:
+def seconds_of(value) -> float:
     """Seconds of a duration: a number, or text such as ``8h`` or ``90min``."""
     if isinstance(value, (int, float)):
         return float(value)
@@ -399,9 +434,9 @@ class Override:
             raise ValueError(f"schedule override: unknown key(s) {sorted(unknown)}")
         get = doc.get
         return cls(get("min_workers"), get("max_workers"), get("cron"),
-                   _seconds(get("duration")) if get("duration") is not None else None,
-                   _epoch(get("start")) if get("start") is not None else None,
-                   _epoch(get("end")) if get("end") is not None else None, str(get("name", "")))
+                   seconds_of(get("duration")) if get("duration") is not None else None,
+                   epoch_of(get("start")) if get("start") is not None else None,
+                   epoch_of(get("end")) if get("end") is not None else None, str(get("name", "")))
 
     def window(self, now_s: float) -> tuple[bool, float]:
         """``(open, until)``: whether the window is open at ``now_s``, and when that may change."""
@@ -442,7 +477,7 @@ class Pin:
     @classmethod
     def from_dict(cls, doc: dict) -> "Pin":
         """From a config mapping: ``workers``, ``until`` (a date-time, UTC), ``note``."""
-        return cls(int(doc["workers"]), _epoch(doc["until"]), str(doc.get("note", "")))
+        return cls(int(doc["workers"]), epoch_of(doc["until"]), str(doc.get("note", "")))
 
 
 @dataclass(frozen=True)

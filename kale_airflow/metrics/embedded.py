@@ -1,7 +1,8 @@
 """The embedded metrics source: traffic and throughput history kept in the control-plane
 database (``KALE_DATABASE_URL``: one SQLite file by default, PostgreSQL in production).
 
-Tables: ``traffic(ts, value)`` (samples per step, ``ts`` in epoch seconds),
+Tables (each row also names its training job, ``job``: a store reads and writes its own
+job's rows only): ``traffic(ts, value)`` (samples per step, ``ts`` in epoch seconds),
 ``throughput(ts, workers, rate)`` (samples/s measured by a worker set) and
 ``partition_rates(ts, partition, rate)``. Every row is something that was observed: the
 autoscaler records the stream's arrivals per bin, the training job's rank 0 records its
@@ -25,7 +26,7 @@ from sqlalchemy import delete, func, select
 
 from kale_airflow.core.errors import KaleError
 from kale_airflow.store.database import Database, masked, open_database
-from kale_airflow.store.schema import partition_rates, throughput, traffic
+from kale_airflow.store.schema import DEFAULT_JOB, partition_rates, throughput, traffic
 
 # Timestamp of the simulated rows earlier versions seeded into every empty store (the epoch:
 # no worker records an observation there).
@@ -45,32 +46,34 @@ class EmbeddedMetrics:
 
     name = "embedded"
 
-    def __init__(self, url: str | Path):
+    def __init__(self, url: str | Path, job: str = DEFAULT_JOB):
         self.db: Database = open_database(url)
+        self.job = job  # the training job whose history this reads and writes
 
     def __repr__(self) -> str:
-        return f"EmbeddedMetrics({self.db!r})"
+        return f"EmbeddedMetrics({self.db!r}, job={self.job!r})"
 
     def _write_traffic(self, c, series: pd.Series) -> int:
         ts = (series.index.asi8 // 10**9).tolist()
         vals = [None if not np.isfinite(v) else float(v) for v in series.to_numpy(dtype=float)]
         # The last value of a repeated step wins (as before); PostgreSQL refuses one statement
         # that updates the same row twice, so duplicates are dropped here.
-        rows = [{"ts": t, "value": v} for t, v in dict(zip(ts, vals)).items()]
+        rows = [{"job": self.job, "ts": t, "value": v} for t, v in dict(zip(ts, vals)).items()]
         if rows:
             stmt = self.db.insert(traffic)
-            c.execute(stmt.on_conflict_do_update(index_elements=[traffic.c.ts], set_={"value": stmt.excluded.value}),
-                      rows)
+            c.execute(stmt.on_conflict_do_update(index_elements=[traffic.c.job, traffic.c.ts],
+                                                 set_={"value": stmt.excluded.value}), rows)
         return len(ts)
 
     def _write_throughput(self, c, ts, workers, rates) -> int:
-        rows = [{"ts": float(t), "workers": int(n), "rate": float(r)} for t, n, r in zip(ts, workers, rates)]
+        rows = [{"job": self.job, "ts": float(t), "workers": int(n), "rate": float(r)}
+                for t, n, r in zip(ts, workers, rates)]
         if rows:
             c.execute(throughput.insert(), rows)
         return len(rows)
 
     def _write_partition_rates(self, c, ts: float, rates: dict[str, float]) -> int:
-        rows = [{"ts": float(ts), "partition": str(p), "rate": float(r)} for p, r in rates.items()]
+        rows = [{"job": self.job, "ts": float(ts), "partition": str(p), "rate": float(r)} for p, r in rates.items()]
         if rows:
             c.execute(partition_rates.insert(), rows)
         return len(rows)
@@ -95,9 +98,9 @@ class EmbeddedMetrics:
     def partition_rates(self) -> dict[str, float]:
         """The latest measured rate of every partition."""
         p, q = partition_rates.alias("p"), partition_rates.alias("q")
-        latest = select(func.max(q.c.ts)).where(q.c.partition == p.c.partition).scalar_subquery()
+        latest = select(func.max(q.c.ts)).where(q.c.job == p.c.job, q.c.partition == p.c.partition).scalar_subquery()
         with self.db.connect() as c:
-            rows = c.execute(select(p.c.partition, p.c.rate).where(p.c.ts == latest)).all()
+            rows = c.execute(select(p.c.partition, p.c.rate).where(p.c.job == self.job, p.c.ts == latest)).all()
         if not rows:
             raise MetricsError(f"no partition rates in {masked(self.db.url)}; the stream or workers must record them")
         return dict(sorted((str(k), float(v)) for k, v in rows))
@@ -107,13 +110,14 @@ class EmbeddedMetrics:
 
         Missing values come back as NaN, so validation can name them."""
         with self.db.connect() as c:
-            last = c.execute(select(func.max(traffic.c.ts))).scalar()
+            last = c.execute(select(func.max(traffic.c.ts)).where(traffic.c.job == self.job)).scalar()
             if last is None:
                 raise MetricsError(f"no traffic in {masked(self.db.url)}; record some or point "
                                    "KALE_METRICS_SOURCE elsewhere")
             stop = int(end.timestamp()) if end is not None else int(last)
             rows = c.execute(select(traffic.c.ts, traffic.c.value)
-                             .where(traffic.c.ts > stop - int(days * 86400), traffic.c.ts <= stop)
+                             .where(traffic.c.job == self.job, traffic.c.ts > stop - int(days * 86400),
+                                    traffic.c.ts <= stop)
                              .order_by(traffic.c.ts)).all()
         if not rows:
             raise MetricsError(f"no traffic in the {days:g} days before {pd.Timestamp(stop, unit='s')}")
@@ -124,11 +128,12 @@ class EmbeddedMetrics:
     def clear_throughput(self) -> None:
         """Forget all throughput observations (e.g. measurements of a job that has since changed)."""
         with self.db.begin() as c:
-            c.execute(delete(throughput))
+            c.execute(delete(throughput).where(throughput.c.job == self.job))
 
     def throughput_observations(self, since: float | None = None) -> pd.DataFrame:
         """(ts, workers, rate) observations, all or those after ``since`` (epoch seconds)."""
-        q = select(throughput.c.ts, throughput.c.workers, throughput.c.rate).order_by(throughput.c.ts, throughput.c.id)
+        q = (select(throughput.c.ts, throughput.c.workers, throughput.c.rate).where(throughput.c.job == self.job)
+             .order_by(throughput.c.ts, throughput.c.id))
         if since is not None:
             q = q.where(throughput.c.ts > since)
         with self.db.connect() as c:
@@ -136,17 +141,17 @@ class EmbeddedMetrics:
         return pd.DataFrame(rows, columns=["ts", "workers", "rate"])
 
 
-def open_metrics(source: str, url: str | Path, **options):
+def open_metrics(source: str, url: str | Path, job: str = DEFAULT_JOB, **options):
     """The metrics source named in configuration (``KALE_METRICS_SOURCE``):
 
-    - ``embedded``: the control-plane database at ``url``;
+    - ``embedded``: job ``job``'s history in the control-plane database at ``url``;
     - ``prometheus``: PromQL over the HTTP API of ``KALE_PROMETHEUS_URL`` (``url`` is then
       unused); ``options`` (e.g. ``queries={...}``, ``topic=...``, ``traffic_step_s=...``)
       go to :class:`~kale_airflow.metrics.prometheus.PrometheusOptions`, and
       ``KALE_PROMETHEUS_QUERIES`` overrides queries by name.
     """
     if source == "embedded":
-        return EmbeddedMetrics(url)
+        return EmbeddedMetrics(url, job)
     if source == "prometheus":
         from kale_airflow.metrics.prometheus import open_prometheus
 

@@ -12,14 +12,16 @@ class RebalanceShardsOperator(BaseOperator):
     (:meth:`~kale_airflow.control.generations.Generations.rebalance`): balanced, sticky,
     hot partitions sliced unless ``split=False``; new slices' start offsets are committed
     before the assignment is published. Idempotent per generation. Logs imbalance, what
-    moved and why; returns a small summary (XCom)."""
+    moved and why; returns a small summary (XCom). ``job``: the deployment's job whose
+    stream and generations these are (None: its only job)."""
 
     template_fields: Sequence[str] = ("workers", "generation", "assignment_name")
     ui_color = "#e8f4fd"
 
     def __init__(self, *, workers: int | str, generation: str | None = None, assignment_name: str = "default",
-                 split: bool = True, **kwargs):
+                 split: bool = True, job: str | None = None, **kwargs):
         super().__init__(**kwargs)
+        self.job = job
         self.workers = workers
         self.generation = generation
         self.assignment_name = assignment_name
@@ -29,6 +31,6 @@ class RebalanceShardsOperator(BaseOperator):
         from kale_airflow.config import load_config
         from kale_airflow.control.generations import Generations
 
-        generations = Generations(load_config(), logger=self.log)
+        generations = Generations(load_config(self.job), logger=self.log)
         return generations.rebalance(str(self.generation or context["run_id"]), int(self.workers), self.split,
                                      self.assignment_name)

@@ -27,8 +27,9 @@ class ScaleWorkersOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("decision", "shadow")
 
-    def __init__(self, *, decision, shadow: bool | str | None = None, **kwargs):
+    def __init__(self, *, decision, shadow: bool | str | None = None, job: str | None = None, **kwargs):
         super().__init__(**kwargs)
+        self.job = job  # the deployment's job (None: its only job)
         self.decision = decision
         self.shadow = shadow
 
@@ -39,7 +40,7 @@ class ScaleWorkersOperator(BaseOperator):
         from kale_airflow.operators.failures import fail_fast
 
         with fail_fast():  # a broken deployment file is not retried
-            config = load_config()
+            config = load_config(self.job)
         decision = dict(self.decision)
         shadow = as_flag(self.shadow)
         if shadow is None:

@@ -28,7 +28,8 @@ def extract_traffic(settings: Settings, run_id: str, history_days: float) -> dic
     the stream) into ``history.csv``. Before anything was observed, the bundled NYC taxi
     trace stands in, and ``source`` says so (it is logged with the MLflow run)."""
     try:
-        series = open_metrics(settings.metrics_source, settings.database_url).traffic_history(history_days)
+        metrics = open_metrics(settings.metrics_source, settings.database_url, settings.job)
+        series = metrics.traffic_history(history_days)
         source = "observed"
     except MetricsError as exc:
         log.warning("no observed traffic yet (%s): training on the bundled NYC taxi trace instead", exc)
@@ -118,16 +119,17 @@ def _champion_metrics(settings: Settings, series: pd.Series, horizon: int, cut: 
     """The champion's backtest on the challenger's test window (None: no champion yet)."""
     from kale_airflow.registry.mlflow_registry import (
         CHAMPION,
-        FORECASTER_MODEL,
         current_version,
+        job_models,
         load_version,
         registry_client,
     )
 
-    champion_version = current_version(registry_client(settings.mlflow_uri), FORECASTER_MODEL, CHAMPION)
+    model = job_models(settings.job)[0]
+    champion_version = current_version(registry_client(settings.mlflow_uri), model, CHAMPION)
     if not champion_version:
         return None
-    champ = load_version(FORECASTER_MODEL, champion_version, settings.mlflow_uri).unwrap_python_model().forecaster
+    champ = load_version(model, champion_version, settings.mlflow_uri).unwrap_python_model().forecaster
     try:
         return evaluate(series, champ, horizon, first_origin=cut, stride=horizon).metrics
     except (ForecastError, ValueError) as exc:
@@ -139,15 +141,16 @@ def register_forecaster(settings: Settings, run_id: str, summary: dict) -> dict:
     """Log the run (params, metrics, plot, window, data hash) and register a new version."""
     import mlflow
 
-    from kale_airflow.registry.mlflow_registry import FORECASTER_MODEL, mlflow_at, register
+    from kale_airflow.registry.mlflow_registry import job_models, mlflow_at, register
     from kale_airflow.registry.pyfunc import forecaster_example, log_forecaster
 
+    model = job_models(settings.job)[0]
     example = None  # a summary from before input examples were logged has none
     if summary.get("example_path"):
         tail = pd.read_csv(summary["example_path"], index_col="timestamp", parse_dates=["timestamp"])["value"]
         example = forecaster_example(tail, summary["horizon_steps"])
     with mlflow_at(settings.mlflow_uri, settings.artifacts.as_uri()) as client:
-        with mlflow.start_run(run_name=f"forecaster-{run_id}") as run:
+        with mlflow.start_run(run_name=f"forecaster-{run_id}", tags={"kale.job": settings.job}) as run:
             mlflow.log_params({"forecaster": summary["forecaster"], "horizon_steps": summary["horizon_steps"],
                                "train_start": summary["train_start"], "train_end": summary["train_end"],
                                "data_hash": summary["data_hash"], "airflow_run_id": run_id,
@@ -158,10 +161,11 @@ def register_forecaster(settings: Settings, run_id: str, summary: dict) -> dict:
             mlflow.log_artifact(summary["plot"])
             info = log_forecaster(summary["model_dir"], summary["quantile_columns"], summary["horizon_steps"],
                                   example)
-        version = register(client, FORECASTER_MODEL, info.model_uri,
-                           "Traffic forecaster for kale-airflow (samples per step; mean and quantiles).")
+        version = register(client, model, info.model_uri,
+                           f"Traffic forecaster of kale-airflow job {settings.job} (samples per step; mean and "
+                           "quantiles).")
         if summary.get("selected"):
-            client.set_model_version_tag(FORECASTER_MODEL, version, "kale.selected", summary["selected"])
+            client.set_model_version_tag(model, version, "kale.selected", summary["selected"])
     return {"run_id": run.info.run_id, "version": version}
 
 

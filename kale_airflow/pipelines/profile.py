@@ -131,7 +131,7 @@ def profile_job(config: Config, options: ProfileOptions, say: Callable[[str], No
 
     env, dep = config.settings, config.deployment
     url = options.stream_url or dep.stream_url
-    check_no_workers_running(StateStore(env.database_url), time.time())
+    check_no_workers_running(StateStore(env.database_url, config.job), time.time())
     backlog = stream_backlog(open_stream(url))
     if not sum(backlog.values()):
         raise ProfileError(f"the stream {url} holds no samples ({len(backlog)} partition(s)): the job would train on "
@@ -140,7 +140,7 @@ def profile_job(config: Config, options: ProfileOptions, say: Callable[[str], No
     say(f"profiling the training job at world size(s) {', '.join(map(str, options.workers))} on {url} "
         f"({sum(backlog.values()):,} samples in {len(backlog)} partition(s)); records go to "
         f"{masked(env.database_url)}; logs in {env.worker_logs}")
-    run = _SizeRun(config, options, url, backlog, stamp, EmbeddedMetrics(env.database_url), say)
+    run = _SizeRun(config, options, url, backlog, stamp, EmbeddedMetrics(env.database_url, config.job), say)
     results = []
     for i, n in enumerate(options.workers):
         prefix = f"[{i + 1}/{len(options.workers)}] {n} worker(s):"

@@ -30,7 +30,7 @@ def measured_observations(settings: Settings) -> pd.DataFrame:
     """The throughput observations the training job recorded, without the simulated rows (at
     :data:`SIMULATED_TS`) that earlier versions seeded; raises
     :class:`NoThroughputObservations` when they cannot identify scaling."""
-    obs = open_metrics(settings.metrics_source, settings.database_url).throughput_observations()
+    obs = open_metrics(settings.metrics_source, settings.database_url, settings.job).throughput_observations()
     simulated = int((obs["ts"] == SIMULATED_TS).sum())
     obs = obs[obs["ts"] != SIMULATED_TS].reset_index(drop=True)
     counts = sorted(int(n) for n in obs["workers"].unique())
@@ -54,12 +54,13 @@ def refit_throughput(settings: Settings, run_id: str, holdout_fraction: float = 
     obs = measured_observations(settings).sort_values("ts", kind="stable")  # before MLflow loads: fail fast
     from kale_airflow.registry.mlflow_registry import (
         CHAMPION,
-        THROUGHPUT_MODEL,
         current_version,
+        job_models,
         load_version,
         registry_client,
     )
 
+    name = job_models(settings.job)[1]
     cut = max(2, int(len(obs) * (1 - holdout_fraction)))
     rng = np.random.default_rng(0)
     if obs["ts"].nunique() == 1:  # rows written at one instant (a bulk import) have no order: hold out at random
@@ -72,9 +73,9 @@ def refit_throughput(settings: Settings, run_id: str, holdout_fraction: float = 
     out = settings.run_dir(run_id) / "throughput.json"
     out.write_text(json.dumps(model.to_dict(), indent=2))
     champion = None
-    champion_version = current_version(registry_client(settings.mlflow_uri), THROUGHPUT_MODEL, CHAMPION)
+    champion_version = current_version(registry_client(settings.mlflow_uri), name, CHAMPION)
     if champion_version:
-        champ = load_version(THROUGHPUT_MODEL, champion_version, settings.mlflow_uri).unwrap_python_model().model
+        champ = load_version(name, champion_version, settings.mlflow_uri).unwrap_python_model().model
         champion = {"rel_rmse": _rel_rmse(champ, test)}
     return {"path": str(out), "metrics": metrics, "champion_metrics": champion, "data_hash": data_hash(obs)}
 
@@ -83,19 +84,21 @@ def register_throughput(settings: Settings, run_id: str, summary: dict) -> dict:
     """Log and register the throughput model."""
     import mlflow
 
-    from kale_airflow.registry.mlflow_registry import THROUGHPUT_MODEL, mlflow_at, register
+    from kale_airflow.registry.mlflow_registry import job_models, mlflow_at, register
     from kale_airflow.registry.pyfunc import log_throughput, throughput_example
 
+    name = job_models(settings.job)[1]
     with open(summary["path"]) as fh:
         example = throughput_example(ThroughputModel.from_dict(json.load(fh)).worker_counts)
     with mlflow_at(settings.mlflow_uri, settings.artifacts.as_uri()) as client:
-        with mlflow.start_run(run_name=f"throughput-{run_id}") as run:
+        with mlflow.start_run(run_name=f"throughput-{run_id}", tags={"kale.job": settings.job}) as run:
             mlflow.log_params({"data_hash": summary["data_hash"], "airflow_run_id": run_id})
             mlflow.log_metrics(summary["metrics"])
             mlflow.log_artifact(summary["path"])
             info = log_throughput(summary["path"], example)
-        version = register(client, THROUGHPUT_MODEL, info.model_uri,
-                           "Resource-to-throughput model for kale-airflow (samples/s by GPU workers).")
+        version = register(client, name, info.model_uri,
+                           f"Resource-to-throughput model of kale-airflow job {settings.job} (samples/s by GPU "
+                           "workers).")
     return {"run_id": run.info.run_id, "version": version}
 
 

@@ -57,6 +57,25 @@ log = logging.getLogger(__name__)
 
 FORECASTER_MODEL = "kale-traffic-forecaster"
 THROUGHPUT_MODEL = "kale-throughput-model"
+
+
+def job_models(job: str = "default") -> tuple[str, str]:
+    """A job's registered models, (forecaster, throughput model): the plain names for the
+    ``default`` job, ``<name>-<job>`` for the others (each job forecasts its own traffic)."""
+    if job == "default":
+        return FORECASTER_MODEL, THROUGHPUT_MODEL
+    return f"{FORECASTER_MODEL}-{job}", f"{THROUGHPUT_MODEL}-{job}"
+
+
+def job_of_model(name: str) -> str | None:
+    """The job a registered model name is of (the inverse of :func:`job_models`); None: not a kale model."""
+    for base in (FORECASTER_MODEL, THROUGHPUT_MODEL):
+        if name == base:
+            return "default"
+        if name.startswith(base + "-"):
+            return name[len(base) + 1:]
+    return None
+
 CHAMPION, CHALLENGER = "champion", "challenger"
 EXPERIMENT = "kale"
 PROBE_TIMEOUT_S = 5.0

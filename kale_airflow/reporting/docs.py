@@ -150,6 +150,8 @@ SECTIONS = (
     ("kale", deployment.KalePolicySettings, KaleConfig.__doc__),
     ("kubernetes", deployment.KubernetesWorkerConfig, None),
     ("alerts", deployment.AlertsConfig, None),
+    ("fleet", deployment.FleetConfig, None),
+    ("schedule_overrides", deployment.ScheduleOverride, None),
 )
 _KALE_INTRO = ("The policy's tunables (`KaleConfig` in `kale_airflow/core/policies/kale.py`), under `kale:`; "
                "`slo_s`, `rescale_downtime_s` and `poll_interval_s` come from the top level.")
@@ -233,7 +235,7 @@ _YAML_TYPES = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "st
 def _config_field(path: list[str]):
     """The deployment model's field of a ``config.*`` key (the chart renders ``config`` as kale.yaml), or None."""
     models = {"kale": deployment.KalePolicySettings, "kubernetes": deployment.KubernetesWorkerConfig,
-              "alerts": deployment.AlertsConfig}
+              "alerts": deployment.AlertsConfig, "fleet": deployment.FleetConfig}
     if path[0] != "config":
         return None
     if len(path) == 2:

@@ -46,6 +46,7 @@ class WorkerSpec:
     # The worker's --warm-wait: seconds a rank waits for the next generation after its own stops
     # (0: every generation is a new job).
     warm_wait_s: float = 0.0
+    job: str = "default"  # the worker's --job: the deployment's job whose control-plane rows it uses
 
     def environment(self) -> dict[str, str]:
         """Environment variables every worker needs besides its command (``KALE_DATABASE_URL``)."""
@@ -69,7 +70,8 @@ class WorkerSpec:
         return cmd + self._options() + self.extra_args
 
     def _options(self) -> list[str]:
-        return ((["--trainer", self.trainer] if self.trainer else []) +
+        return ((["--job", self.job] if self.job != "default" else []) +
+                (["--trainer", self.trainer] if self.trainer else []) +
                 (["--warm-wait", f"{self.warm_wait_s:g}"] if self.warm_wait_s > 0 else []))
 
     def pool_command(self) -> list[str]:

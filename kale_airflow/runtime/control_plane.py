@@ -91,14 +91,14 @@ class ControlPlane:
         self._last_read = -float("inf")
 
     @classmethod
-    def for_url(cls, url: str, heartbeats: bool = True, **kwargs) -> ControlPlane:
-        """The link to the database at ``url`` (opened on first use; ``heartbeats=False``: a
-        profiling job, which records throughput only)."""
+    def for_url(cls, url: str, heartbeats: bool = True, job: str = "default", **kwargs) -> ControlPlane:
+        """The link to job ``job``'s rows in the database at ``url`` (opened on first use;
+        ``heartbeats=False``: a profiling job, which records throughput only)."""
         def opener():
             from kale_airflow.metrics.embedded import EmbeddedMetrics
             from kale_airflow.store import StateStore
 
-            return (StateStore(url) if heartbeats else None), EmbeddedMetrics(url)
+            return (StateStore(url, job) if heartbeats else None), EmbeddedMetrics(url, job)
         return cls(opener, **kwargs)
 
     @classmethod

@@ -90,7 +90,7 @@ def mark_failed(cmd: list[str], ranks: list[int]) -> None:
     try:
         from kale_airflow.store import StateStore
 
-        store = StateStore(url)
+        store = StateStore(url, option(cmd, "--job") or os.environ.get("KALE_JOB", "default"))
         for r in ranks:
             store.worker_seen(generation, r, "failed")
         say(f"marked generation {generation}'s rank(s) {', '.join(map(str, ranks))} failed in the control plane")
@@ -313,7 +313,9 @@ class PoolSupervisor(JobSupervisor):
     69) restarts every slot from the checkpoint on a new rendezvous port, with the usual
     backoff; the failure count starts over with each new generation, as a new job's does.
     It holds ``pool.lock`` in its log folder (one pool per deployment) and exits when the
-    current generation wants no worker and none runs."""
+    current generation wants no worker (its ranks waiting for a next generation are told to
+    stop: none will come) and none runs, or, with no slot running, when the control plane has
+    been unreachable for ``outage_deadline_s`` (exit 75; the next training run starts a pool)."""
 
     def __init__(self, cmd: list[str], log_dir: str | Path, log_name: str, database_url: str, poll_s: float = 0.1,
                  **kwargs):
@@ -324,6 +326,8 @@ class PoolSupervisor(JobSupervisor):
         self.generation: str | None = None
         self._store = None
         self._lock = None
+        self._unreachable_since: float | None = None  # the control plane's outage, while it lasts
+        self._told_to_stop: set[int] = set()  # slots sent SIGTERM because no generation wants them
 
     def _forward(self, signum, _frame) -> None:
         self.stopping = True
@@ -337,11 +341,13 @@ class PoolSupervisor(JobSupervisor):
             if self._store is None:
                 from kale_airflow.store import StateStore
 
-                self._store = StateStore(self.url)
+                self._store = StateStore(self.url, option(self.cmd, "--job") or os.environ.get("KALE_JOB", "default"))
             cur = self._store.current()
         except Exception as exc:  # noqa: BLE001 - an outage: keep what runs
             say(f"cannot read the current generation ({type(exc).__name__}); keeping the running slots")
+            self._unreachable_since = self._unreachable_since or time.monotonic()
             return None
+        self._unreachable_since = None
         if cur is None:
             return 0
         if cur["generation"] != self.generation:
@@ -353,6 +359,7 @@ class PoolSupervisor(JobSupervisor):
     def _start_slots(self, slots: list[int], reason: str) -> None:
         if self.port is None:
             self.port = free_port()
+        self._told_to_stop -= set(slots)
         for r in slots:
             env = os.environ | {"KALE_START_REASON": reason}
             with open(self._log(r), "ab") as out:
@@ -427,6 +434,16 @@ class PoolSupervisor(JobSupervisor):
             if want == 0 and not self.slots:
                 say("the current generation wants no worker and none runs: the pool ends")
                 return 0
+            if want == 0:  # the deployment stopped: no generation will take the ranks waiting for one
+                for r in sorted(set(self.slots) - self._told_to_stop):
+                    say(f"the current generation wants no worker: slot {r} is told to stop")
+                    self.slots[r].terminate()  # a waiting rank exits 0; a training one checkpoints first
+                    self._told_to_stop.add(r)
+            if (want is None and not self.slots and self._unreachable_since is not None
+                    and time.monotonic() - self._unreachable_since >= self.outage_deadline_s):
+                say(f"the control plane has been unreachable for --outage-deadline {self.outage_deadline_s:g} s "
+                    "and no slot runs: the pool ends (the next training run starts a new one)")
+                return EXIT_DEPENDENCY
             time.sleep(self.poll_s)
 
     def _end_attempt(self, exited: dict[int, int], failed: bool, ran_s: float) -> tuple[bool, float]:

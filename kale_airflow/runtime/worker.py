@@ -991,6 +991,9 @@ def build_arg_parser() -> argparse.ArgumentParser:  # pragma: no mutate block
     ap.add_argument("--database-url", help="control-plane database to record throughput into and to read the "
                     "current generation from (local use; default: the KALE_DATABASE_URL environment variable, "
                     "which keeps a password out of process listings and pod specs)")
+    ap.add_argument("--job", default=os.environ.get("KALE_JOB", "default"),
+                    help="the deployment's job whose control-plane rows (generations, heartbeats, throughput) this "
+                    "rank reads and writes (default $KALE_JOB, else default)")
     ap.add_argument("--audit", help="append what each step trained (slice, offsets, samples) here (tests, audits)")
     ap.add_argument("--step-log", help="append one JSON line per step (rank, step, loss, parameter hash) here")
     ap.add_argument("--report-every", type=float, default=5.0, help="seconds between throughput records")
@@ -1082,7 +1085,7 @@ def _run_job(args) -> int:  # pragma: no mutate block
     if url:  # without one the job trains, but records nothing and never sees a newer generation
         # A profiling job is no generation: no heartbeats (status and shadow mode count the
         # deployment's workers), and no stopping when the deployment's generation changes.
-        link = ControlPlane.for_url(url, heartbeats=not args.profiling, deadline_s=args.database_wait)
+        link = ControlPlane.for_url(url, heartbeats=not args.profiling, deadline_s=args.database_wait, job=args.job)
         link.open()
     job = None
     try:

@@ -13,12 +13,13 @@ class ScalingSensor(BaseSensorOperator):
     (``current_generation``), which applying it compares and swaps. ``deferrable=True``
     (default) polls in the triggerer; otherwise each poke is one observation and decision.
     ``max_polls`` bounds one deferral; the sensor then completes with a hold so the next
-    DAG run continues (state persists)."""
+    DAG run continues (state persists). ``job``: the deployment's job it scales (None: its
+    only job)."""
 
     template_fields = ("poll_interval_s", "max_polls", "shadow")
 
     def __init__(self, *, poll_interval_s: float | str = 15.0, max_polls: int | str = 240, deferrable: bool = True,
-                 shadow: bool | str | None = None, **kwargs):
+                 shadow: bool | str | None = None, job: str | None = None, **kwargs):
         # poll_interval_s may be a template (rendered at run time); the poke interval needs a number now.
         kwargs.setdefault("poke_interval", poll_interval_s if isinstance(poll_interval_s, (int, float)) else 15.0)
         super().__init__(**kwargs)
@@ -26,6 +27,7 @@ class ScalingSensor(BaseSensorOperator):
         self.max_polls = max_polls
         self.deferrable = deferrable
         self.shadow = shadow  # None or "None": as configured; may be a template ("{{ params.shadow }}")
+        self.job = job
         self._autoscaler = None
 
     def execute(self, context):
@@ -33,12 +35,12 @@ class ScalingSensor(BaseSensorOperator):
         from kale_airflow.operators.failures import fail_fast
 
         with fail_fast():  # a broken deployment file fails here, once, not in the triggerer with retries
-            load_config()
+            load_config(self.job)
         if self.deferrable:
             from kale_airflow.triggers.scaling import ScalingTrigger
 
             self.defer(trigger=ScalingTrigger(float(self.poll_interval_s), int(self.max_polls),
-                                              as_flag(self.shadow)),
+                                              as_flag(self.shadow), self.job),
                        method_name="execute_complete")
         return super().execute(context)
 
@@ -48,7 +50,7 @@ class ScalingSensor(BaseSensorOperator):
         if self._autoscaler is None:
             from kale_airflow.control.autoscaler import Autoscaler
 
-            self._autoscaler = Autoscaler.from_environment(as_flag(self.shadow))
+            self._autoscaler = Autoscaler.from_environment(as_flag(self.shadow), self.job)
         return PokeReturnValue(*decision_event(self._autoscaler))
 
     def execute_complete(self, context, event: dict) -> dict:

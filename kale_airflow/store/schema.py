@@ -7,6 +7,10 @@ Control state (``kale_assignments``, ``kale_control``, ``kale_decisions``, ``kal
 the version table's (:data:`VERSION_TABLE`) and the indexes' included, starts with ``kale_``,
 so the tables can share a database or schema with Airflow's own.
 
+Every table has a ``job`` column, part of every key: several training jobs (``jobs:`` in
+the deployment file) share one database, each seeing only its own rows (a single-job
+deployment's job is :data:`DEFAULT_JOB`).
+
 A change to these tables is a new Alembic revision in ``kale_airflow/store/migrations/versions``
 (and :data:`HEAD_REVISION` moves to it); a test checks that migrating a database from the
 first revision gives exactly these tables.
@@ -27,8 +31,10 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
+from kale_airflow.config.environment import DEFAULT_JOB
+
 # The revision this code reads and writes; a database at another one is upgraded or refused.
-HEAD_REVISION = "0002"
+HEAD_REVISION = "0003"
 # Alembic's bookkeeping table: Airflow's metadata database has its own ``alembic_version``.
 VERSION_TABLE = "kale_alembic_version"
 # Before Alembic, the schema was numbered in a one-row ``schema_version`` table. Version 1
@@ -38,11 +44,18 @@ LEGACY_VERSION_TABLE = "schema_version"
 LEGACY_REVISIONS = {1: "0001"}
 # The counter that orders generations (and assignments of generations named by hand).
 GENERATION_COUNTER = "generation"
+# DEFAULT_JOB: the job of a single-job deployment, and of every row written before there were jobs.
+
+
+def _job() -> Column:
+    return Column("job", Text, nullable=False, server_default=DEFAULT_JOB)
+
 
 metadata = MetaData()
 
 assignments = Table(
     "kale_assignments", metadata,
+    _job(),
     Column("name", Text, nullable=False),
     Column("generation", Text, nullable=False),
     # Order of the generations (from ``kale_counters``, never the clock): ``latest`` reads it.
@@ -51,15 +64,16 @@ assignments = Table(
     Column("doc", Text, nullable=False),
     Column("created", Double, nullable=False),
     # The key makes ``put`` write-once: a second writer's INSERT .. ON CONFLICT DO NOTHING is a no-op.
-    PrimaryKeyConstraint("name", "generation", name="kale_assignments_pkey"),
-    Index("kale_assignments_name_seq", "name", "seq"),
+    PrimaryKeyConstraint("job", "name", "generation", name="kale_assignments_pkey"),
+    Index("kale_assignments_job_name_seq", "job", "name", "seq"),
 )
 
-control = Table("kale_control", metadata, Column("key", Text, nullable=False), Column("value", Text, nullable=False),
-                PrimaryKeyConstraint("key", name="kale_control_pkey"))
+control = Table("kale_control", metadata, _job(), Column("key", Text, nullable=False),
+                Column("value", Text, nullable=False), PrimaryKeyConstraint("job", "key", name="kale_control_pkey"))
 
 generations = Table(
     "kale_generations", metadata,
+    _job(),
     Column("seq", BigInteger, nullable=False, autoincrement=False),
     Column("name", Text, nullable=False),
     Column("workers", Integer, nullable=False),
@@ -71,50 +85,56 @@ generations = Table(
     Column("created", Double, nullable=False),
     Column("started", Double),  # when a training run started its workers (NULL: not yet)
     Column("started_by", Text),  # that training run's id: one run per generation
-    PrimaryKeyConstraint("seq", name="kale_generations_pkey"),
-    UniqueConstraint("name", name="kale_generations_name_key"),
-    UniqueConstraint("decision", name="kale_generations_decision_key"),
+    PrimaryKeyConstraint("job", "seq", name="kale_generations_pkey"),
+    UniqueConstraint("job", "name", name="kale_generations_name_key"),
+    UniqueConstraint("job", "decision", name="kale_generations_decision_key"),
 )
 
-counters = Table("kale_counters", metadata, Column("name", Text, nullable=False),
-                 Column("value", BigInteger, nullable=False), PrimaryKeyConstraint("name", name="kale_counters_pkey"))
+counters = Table("kale_counters", metadata, _job(), Column("name", Text, nullable=False),
+                 Column("value", BigInteger, nullable=False),
+                 PrimaryKeyConstraint("job", "name", name="kale_counters_pkey"))
 
 decisions = Table(
     "kale_decisions", metadata,
     # A surrogate key orders decisions recorded in the same instant and gives PostgreSQL a primary key.
     Column("id", Integer, primary_key=True, autoincrement=True),
+    _job(),
     Column("ts", Double, nullable=False),
     Column("workers", Integer),
     Column("target", Integer, nullable=False),
     Column("reason", Text, nullable=False),
     Column("message", Text, nullable=False),
     Column("details", Text, nullable=False),
-    Index("kale_decisions_ts", "ts"),
+    Index("kale_decisions_job_ts", "job", "ts"),
 )
 
 traffic = Table(
     "kale_traffic", metadata,
-    # One row per step: writes are upserts on ``ts``, so replaying a write is harmless.
-    Column("ts", BigInteger, primary_key=True, autoincrement=False),
+    _job(),
+    # One row per step: writes are upserts on (job, ``ts``), so replaying a write is harmless.
+    Column("ts", BigInteger, nullable=False, autoincrement=False),
     Column("value", Double),  # NULL: a missing value
+    PrimaryKeyConstraint("job", "ts", name="kale_traffic_pkey"),
 )
 
 throughput = Table(
     "kale_throughput", metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
+    _job(),
     Column("ts", Double),
     Column("workers", Integer, nullable=False),
     Column("rate", Double, nullable=False),
-    Index("kale_throughput_ts", "ts"),
+    Index("kale_throughput_job_ts", "job", "ts"),
 )
 
 partition_rates = Table(
     "kale_partition_rates", metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
+    _job(),
     Column("ts", Double, nullable=False),
     Column("partition", Text, nullable=False),
     Column("rate", Double, nullable=False),
-    Index("kale_partition_rates_partition_ts", "partition", "ts"),
+    Index("kale_partition_rates_job_partition_ts", "job", "partition", "ts"),
 )
 
 TABLES = (assignments, control, generations, counters, decisions, traffic, throughput, partition_rates)

@@ -12,7 +12,15 @@ from pathlib import Path
 from sqlalchemy import func, or_, select, update
 
 from kale_airflow.store.database import Database, open_database
-from kale_airflow.store.schema import GENERATION_COUNTER, assignments, control, counters, decisions, generations
+from kale_airflow.store.schema import (
+    DEFAULT_JOB,
+    GENERATION_COUNTER,
+    assignments,
+    control,
+    counters,
+    decisions,
+    generations,
+)
 
 # Outcomes of StateStore.apply_generation.
 APPLIED, RETRIED, SUPERSEDED, UNCHANGED = "applied", "retried", "superseded", "unchanged"
@@ -53,24 +61,40 @@ class StateStore:
     """Assignments by (name, generation); the latest one is the ``previous`` of the next.
 
     ``url`` is the control-plane database URL (``sqlite:///PATH`` or ``postgresql://...``;
-    a bare path means a SQLite file). Every method is one short transaction, so any number
-    of processes can share the database."""
+    a bare path means a SQLite file). ``job``: the training job whose rows this store reads
+    and writes; the jobs of a fleet share the database and never see each other's rows
+    (:meth:`jobs` lists them). Every method is one short transaction, so any number of
+    processes can share the database."""
 
-    def __init__(self, url: str | Path):
+    def __init__(self, url: str | Path, job: str = DEFAULT_JOB):
         self.db: Database = open_database(url)
+        self.job = job
 
     def __repr__(self) -> str:
-        return f"StateStore({self.db!r})"
+        return f"StateStore({self.db!r}, job={self.job!r})"
 
     def _upsert(self, key: str, value: str):
-        stmt = self.db.insert(control).values(key=key, value=value)
-        return stmt.on_conflict_do_update(index_elements=[control.c.key], set_={"value": stmt.excluded.value})
+        stmt = self.db.insert(control).values(job=self.job, key=key, value=value)
+        return stmt.on_conflict_do_update(index_elements=[control.c.job, control.c.key],
+                                          set_={"value": stmt.excluded.value})
+
+    def for_job(self, job: str) -> "StateStore":
+        """The store of another job in the same database."""
+        return StateStore(self.db.url, job)
+
+    def jobs(self) -> list[str]:
+        """Every job that has recorded a decision or named a generation, sorted."""
+        with self.db.connect() as c:
+            rows = c.execute(select(control.c.job).where(control.c.key == "generation")
+                             .union(select(decisions.c.job))).scalars().all()
+        return sorted(set(rows))
 
     def get(self, name: str, generation: str) -> dict | None:
         """The assignment written for a generation, if any."""
         with self.db.connect() as c:
             row = c.execute(select(assignments.c.workers, assignments.c.doc)
-                            .where(assignments.c.name == name, assignments.c.generation == generation)).first()
+                            .where(assignments.c.job == self.job, assignments.c.name == name,
+                                   assignments.c.generation == generation)).first()
         return None if row is None else {"workers": row[0], **json.loads(row[1])}
 
     def latest(self, name: str, before: str | None = None) -> tuple[str, dict] | None:
@@ -80,7 +104,8 @@ class StateStore:
         stepped back must not make an older generation the previous one of the next."""
         with self.db.connect() as c:
             row = c.execute(select(assignments.c.generation, assignments.c.workers, assignments.c.doc)
-                            .where(assignments.c.name == name, assignments.c.generation != (before or ""))
+                            .where(assignments.c.job == self.job, assignments.c.name == name,
+                                   assignments.c.generation != (before or ""))
                             .order_by(assignments.c.seq.desc()).limit(1)).first()
         return None if row is None else (row[0], {"workers": row[1], **json.loads(row[2])})
 
@@ -98,14 +123,21 @@ class StateStore:
     def get_value(self, key: str) -> dict | None:
         """Inverse of :meth:`set_value`."""
         with self.db.connect() as c:
-            value = c.execute(select(control.c.value).where(control.c.key == key)).scalar()
+            value = c.execute(select(control.c.value).where(control.c.job == self.job, control.c.key == key)).scalar()
         return json.loads(value) if value is not None else None
+
+    def values_of_every_job(self, key: str) -> dict[str, dict]:
+        """``{job: value}`` of a key in every job of the database (the fleet's shared view)."""
+        with self.db.connect() as c:
+            rows = c.execute(select(control.c.job, control.c.value).where(control.c.key == key)).all()
+        return {job: json.loads(value) for job, value in rows}
 
     def record_decision(self, ts: float, workers: int | None, decision: dict) -> None:
         """Append a decision (holds included) with its reason, for logs and the UI."""
         details = {k: v for k, v in decision.items() if k not in ("workers", "reason", "message")}
         with self.db.begin() as c:
-            c.execute(decisions.insert().values(ts=float(ts), workers=workers, target=int(decision["workers"]),
+            c.execute(decisions.insert().values(job=self.job, ts=float(ts), workers=workers,
+                                                target=int(decision["workers"]),
                                                 reason=decision["reason"], message=decision["message"],
                                                 details=json.dumps(details)))
 
@@ -115,7 +147,7 @@ class StateStore:
         d = decisions.c
         with self.db.connect() as c:
             rows = c.execute(select(d.ts, d.workers, d.target, d.reason, d.message, d.details)
-                             .order_by(d.ts.desc(), d.id.desc()).limit(limit)).all()
+                             .where(d.job == self.job).order_by(d.ts.desc(), d.id.desc()).limit(limit)).all()
         return [{**json.loads(x), "ts": t, "workers": w, "target": g, "reason": r, "message": m}
                 for t, w, g, r, m, x in reversed(rows)]
 
@@ -126,7 +158,8 @@ class StateStore:
             return None
         with self.db.connect() as c:
             row = c.execute(select(assignments.c.workers, assignments.c.doc, assignments.c.created)
-                            .where(assignments.c.name == name, assignments.c.generation == gen)).first()
+                            .where(assignments.c.job == self.job, assignments.c.name == name,
+                                   assignments.c.generation == gen)).first()
         if row is None:  # decided, not yet rebalanced
             meta = self.get_value("generation_meta") or {}
             return {"generation": gen, "workers": meta.get("workers"), "assignment": None,
@@ -144,15 +177,17 @@ class StateStore:
         with self.db.begin() as c:
             c.execute(self._upsert(f"worker/{generation}/{worker_id}", json.dumps({"state": state, "heartbeat": now})))
             if state == "running":
-                c.execute(self.db.insert(control).values(key=f"started/{generation}/{worker_id}", value=json.dumps(now))
-                          .on_conflict_do_nothing(index_elements=[control.c.key]))
+                c.execute(self.db.insert(control)
+                          .values(job=self.job, key=f"started/{generation}/{worker_id}", value=json.dumps(now))
+                          .on_conflict_do_nothing(index_elements=[control.c.job, control.c.key]))
 
     def workers_seen(self, generation: str) -> dict[int, dict]:
         """{worker id: last heartbeat record, with ``started`` once it ran} of a generation's workers."""
         seen, started = f"worker/{generation}/", f"started/{generation}/"
         with self.db.connect() as c:
             rows = c.execute(select(control.c.key, control.c.value)
-                             .where(control.c.key.startswith(seen) | control.c.key.startswith(started))).all()
+                             .where(control.c.job == self.job,
+                                    control.c.key.startswith(seen) | control.c.key.startswith(started))).all()
         out = {int(k[len(seen):]): json.loads(v) for k, v in rows if k.startswith(seen)}
         for k, v in rows:
             if k.startswith(started) and int(k[len(started):]) in out:
@@ -162,7 +197,8 @@ class StateStore:
     def running_workers(self) -> list[tuple[str, int, dict]]:
         """(generation, worker id, heartbeat record) of every worker whose last word was ``running``."""
         with self.db.connect() as c:
-            rows = c.execute(select(control.c.key, control.c.value).where(control.c.key.startswith("worker/"))).all()
+            rows = c.execute(select(control.c.key, control.c.value)
+                             .where(control.c.job == self.job, control.c.key.startswith("worker/"))).all()
         out = []
         for key, value in rows:
             _, generation, worker = key.rsplit("/", 2)
@@ -174,7 +210,8 @@ class StateStore:
     def current_generation(self) -> str | None:
         """The generation that should be training, if one was named."""
         with self.db.connect() as c:
-            return c.execute(select(control.c.value).where(control.c.key == "generation")).scalar()
+            return c.execute(select(control.c.value)
+                             .where(control.c.job == self.job, control.c.key == "generation")).scalar()
 
     def put(self, name: str, generation: str, workers: int, doc: dict) -> bool:
         """Write once: returns False (and keeps the first) if the generation already has one.
@@ -183,11 +220,14 @@ class StateStore:
         racing, the database lets exactly one insert; the others change nothing. The row's
         ``seq`` is its generation's (or, for a generation named by hand, the counter's next)."""
         with self.db.begin(write_lock=True) as c:
-            seq = c.execute(select(generations.c.seq).where(generations.c.name == generation)).scalar()
+            seq = c.execute(select(generations.c.seq)
+                            .where(generations.c.job == self.job, generations.c.name == generation)).scalar()
+            a = assignments.c
             stmt = (self.db.insert(assignments)
-                    .values(name=name, generation=generation, seq=seq if seq is not None else self._next_seq(c),
+                    .values(job=self.job, name=name, generation=generation,
+                            seq=seq if seq is not None else self._next_seq(c),
                             workers=int(workers), doc=json.dumps(doc), created=time.time())
-                    .on_conflict_do_nothing(index_elements=[assignments.c.name, assignments.c.generation])
+                    .on_conflict_do_nothing(index_elements=[a.job, a.name, a.generation])
                     # RETURNING rather than rowcount, which not every driver reports for this statement.
                     .returning(assignments.c.generation))
             return c.execute(stmt).first() is not None
@@ -195,14 +235,16 @@ class StateStore:
     # ------------------------------------------------------------ generations
     def _next_seq(self, c) -> int:
         """The counter's next value, in the caller's transaction (rolled back with it)."""
-        stmt = self.db.insert(counters).values(name=GENERATION_COUNTER, value=1)
-        stmt = stmt.on_conflict_do_update(index_elements=[counters.c.name], set_={"value": counters.c.value + 1})
+        stmt = self.db.insert(counters).values(job=self.job, name=GENERATION_COUNTER, value=1)
+        stmt = stmt.on_conflict_do_update(index_elements=[counters.c.job, counters.c.name],
+                                          set_={"value": counters.c.value + 1})
         return int(c.execute(stmt.returning(counters.c.value)).scalar_one())
 
     def generation(self, name: str) -> dict | None:
         """The record of a generation a decision made (None: no decision made ``name``)."""
         with self.db.connect() as c:
-            row = c.execute(select(generations).where(generations.c.name == name)).first()
+            row = c.execute(select(generations)
+                            .where(generations.c.job == self.job, generations.c.name == name)).first()
         return None if row is None else dict(row._mapping)
 
     def apply_generation(self, decision: str, run_id: str, expected: str | None, workers: int,
@@ -237,9 +279,9 @@ class StateStore:
         name = generation_name(seq, workers)
         g = generations.c
         stmt = (self.db.insert(generations)
-                .values(seq=seq, name=name, workers=workers, previous=expected,
+                .values(job=self.job, seq=seq, name=name, workers=workers, previous=expected,
                         decision=decision, run_id=run_id, created=now)
-                .on_conflict_do_nothing(index_elements=[g.decision]).returning(g.seq))
+                .on_conflict_do_nothing(index_elements=[g.job, g.decision]).returning(g.seq))
         if c.execute(stmt).first() is None:  # a concurrent call with this decision committed first
             return self._made_by(c, decision)
         if not self._swap_current(c, expected, name):
@@ -250,24 +292,27 @@ class StateStore:
 
     def _made_by(self, c, decision: str) -> AppliedGeneration | None:
         g = generations.c
-        row = c.execute(select(g.name, g.workers, g.started).where(g.decision == decision)).first()
+        row = c.execute(select(g.name, g.workers, g.started).where(g.job == self.job, g.decision == decision)).first()
         return None if row is None else AppliedGeneration(RETRIED, row[0], row[1], row[2] is not None)
 
     def _current_as(self, c, outcome: str) -> AppliedGeneration:
         rows = dict(c.execute(select(control.c.key, control.c.value)
-                              .where(control.c.key.in_(("generation", "generation_meta")))).all())
+                              .where(control.c.job == self.job,
+                                     control.c.key.in_(("generation", "generation_meta")))).all())
         current = rows.get("generation")
-        started = c.execute(select(generations.c.started).where(generations.c.name == current)).first()
+        started = c.execute(select(generations.c.started)
+                            .where(generations.c.job == self.job, generations.c.name == current)).first()
         return AppliedGeneration(outcome, current, json.loads(rows.get("generation_meta") or "{}").get("workers"),
                                  None if started is None else started[0] is not None)
 
     def _swap_current(self, c, expected: str | None, name: str) -> bool:
         """Compare-and-set of the current generation, one statement: True if it was ``expected``."""
         if expected is None:
-            stmt = (self.db.insert(control).values(key="generation", value=name)
-                    .on_conflict_do_nothing(index_elements=[control.c.key]).returning(control.c.key))
+            stmt = (self.db.insert(control).values(job=self.job, key="generation", value=name)
+                    .on_conflict_do_nothing(index_elements=[control.c.job, control.c.key]).returning(control.c.key))
             return c.execute(stmt).first() is not None
-        stmt = (update(control).where(control.c.key == "generation", control.c.value == expected)
+        stmt = (update(control).where(control.c.job == self.job, control.c.key == "generation",
+                                      control.c.value == expected)
                 .values(value=name))
         return c.execute(stmt).rowcount == 1
 
@@ -279,10 +324,11 @@ class StateStore:
         None: no decision made ``name`` (a generation named by hand), so nothing is recorded."""
         g = generations.c
         now = time.time() if now is None else now
-        stmt = (update(generations).where(g.name == name, or_(g.started_by.is_(None), g.started_by == run_id))
+        stmt = (update(generations).where(g.job == self.job, g.name == name,
+                                          or_(g.started_by.is_(None), g.started_by == run_id))
                 .values(started=func.coalesce(g.started, now), started_by=run_id))
         with self.db.begin() as c:
             if c.execute(stmt).rowcount:
                 return True
-            exists = c.execute(select(g.seq).where(g.name == name)).first()
+            exists = c.execute(select(g.seq).where(g.job == self.job, g.name == name)).first()
         return None if exists is None else False

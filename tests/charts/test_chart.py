@@ -428,3 +428,21 @@ def test_checkpoint_claim_storage_class_and_access_modes(chart, storage_class, r
     assert pvc["spec"].get("storageClassName", None) == rendered
     assert pvc["spec"]["accessModes"] == ["ReadWriteOnce"]
     kubernetes_validate.validate(pvc, "1.37.0", strict=True)
+
+
+def test_jobs_reach_the_config_and_one_role_covers_them(chart):
+    """Bug classes: the chart dropping ``jobs``/``fleet`` from kale.yaml, a job's pods sent to
+    a namespace no Role, claim or service account of the release covers."""
+    jobs = [{"name": "ranking", "stream_url": "kafka://k:9092/ranking", "priority": 3},
+            {"name": "ads", "stream_url": "kafka://k:9092/ads"}]
+    config = {"stream_url": "kafka://k:9092/t", "worker_backend": "kubernetes", "fleet": {"gpus": 16}, "jobs": jobs}
+    docs, _ = render(chart, {"config": config})
+    dep = kale_config(docs)
+    assert list(dep.all_jobs) == ["ranking", "ads"] and dep.fleet.gpus == 16
+    assert {job.kubernetes.namespace for job in dep.all_jobs.values()} == {"kale-training"}
+    assert [d["metadata"]["namespace"] for d in docs if d["kind"] == "Role"] == ["kale-training"]
+    away = [jobs[0], {**jobs[1], "kubernetes": {"namespace": "ads-training"}}]
+    with pytest.raises(helm_python.HelmRenderError, match=r"config.jobs\[1\] \(ads\) sets kubernetes.namespace"):
+        render(chart, {"config": {**config, "jobs": away}})
+    with pytest.raises(helm_python.HelmValuesError, match="/config/jobs/0': missing property 'name'"):
+        render(chart, {"config": {**config, "jobs": [{"stream_url": "kafka://k:9092/x"}]}})

@@ -20,16 +20,16 @@ def test_upgrade_from_0_1_0_then_check_and_current(db_url, capsys, monkeypatch):
     monkeypatch.setenv("KALE_DATABASE_URL", db_url)
     make_v1_database(db_url)
     code, out = kale(capsys, "check")
-    assert code == 1 and "schema_version 1" in out and "not revision 0002: run kale db upgrade" in out
+    assert code == 1 and "schema_version 1" in out and "not revision 0003: run kale db upgrade" in out
     code, out = kale(capsys, "current")
-    assert code == 0 and "this kale-airflow needs revision 0002" in out
+    assert code == 0 and "this kale-airflow needs revision 0003" in out
     if db_url.startswith("postgresql"):  # no auto-upgrade: the components wait for the command
         with pytest.raises(SchemaUpgradeRequired, match="kale db upgrade"):
             StateStore(db_url)
     code, out = kale(capsys, "upgrade")
-    assert code == 0 and "upgraded from schema_version 1" in out and out.endswith("to revision 0002 (head)")
+    assert code == 0 and "upgraded from schema_version 1" in out and out.endswith("to revision 0003 (head)")
     assert kale(capsys, "check")[0] == 0
-    assert kale(capsys, "upgrade")[1].endswith("already at revision 0002 (head)")
+    assert kale(capsys, "upgrade")[1].endswith("already at revision 0003 (head)")
     forget_databases()
     assert StateStore(db_url).current()["generation"] == NEW  # the rows are still there
 
@@ -37,10 +37,10 @@ def test_upgrade_from_0_1_0_then_check_and_current(db_url, capsys, monkeypatch):
 def test_an_empty_database_is_created_at_the_head_by_upgrade(tmp_path, capsys):
     url = f"sqlite:///{tmp_path / 'new.db'}"
     assert kale(capsys, "check", "--url", url) == (1, f"{url}: no database ({tmp_path / 'new.db'} does not exist); "
-                                                      "`kale db upgrade` creates it at revision 0002")
+                                                      "`kale db upgrade` creates it at revision 0003")
     assert not (tmp_path / "new.db").exists()  # check only reads
-    assert kale(capsys, "upgrade", "--url", url) == (0, f"{url}: upgraded from empty to revision 0002 (head)")
-    assert kale(capsys, "check", "--url", url) == (0, f"{url}: revision 0002 (head)")
+    assert kale(capsys, "upgrade", "--url", url) == (0, f"{url}: upgraded from empty to revision 0003 (head)")
+    assert kale(capsys, "check", "--url", url) == (0, f"{url}: revision 0003 (head)")
 
 
 def test_an_unreachable_database_is_named_without_its_password(capsys):

@@ -174,3 +174,38 @@ def test_the_kale_kafka_connection_type_is_declared_and_is_what_the_kafka_stream
         "ssl.ca.location": "/etc/ca.pem", "sasl.username": "alice", "sasl.password": "pw",
         "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN"})
     assert KaleKafkaHook.get_ui_field_behaviour()["relabeling"]["host"] == "Bootstrap servers"
+
+
+FLEET = {"fleet": {"gpus": 8}, "jobs": [{"name": "ranking", "stream_url": "sqlite:///ranking.db", "priority": 3},
+                                        {"name": "ads", "stream_url": "sqlite:///ads.db"}]}
+
+
+def test_pin_release_and_status_per_job_and_in_total(kale_home, capsys):
+    """Bug classes: a pin recorded for the wrong job (or none), ``kale status`` of a fleet
+    failing for want of a job name, the fleet's total missing, a job name not in the file
+    accepted."""
+    (kale_home / "kale.yaml").write_text(json.dumps(FLEET))
+    db = f"sqlite:///{kale_home / 'kale.db'}"
+    StateStore(db, "ranking").set_current_generation("g000001-3w", 3)
+    StateStore(db, "ads").set_current_generation("g000001-2w", 2)
+    assert main(["pin", "ads", "4", "--for", "2h", "--note", "final"]) == 0
+    assert "job ads pinned to 4 worker(s) until" in capsys.readouterr().out
+    assert StateStore(db, "ads").get_value("fleet/pin")["workers"] == 4
+    assert StateStore(db, "ranking").get_value("fleet/pin") is None
+
+    assert main(["status", "--no-models"]) == 0
+    text = capsys.readouterr().out
+    assert "fleet: 2 jobs, 5 worker(s) in their current generations of a budget of 8" in text
+    ranking, ads = text.index("job ranking:"), text.index("job ads:")
+    assert "pinned to 4 worker(s)" in text[ads:] and "pinned" not in text[ranking:ads]
+    assert "priority 3" in text[ranking:ads] and "generation: g000001-2w with 2 worker(s)" in text[ads:]
+    assert main(["status", "--no-models", "--json", "--job", "ads"]) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert one["job"] == "ads" and one["pin"]["note"] == "final" and "jobs" not in one
+
+    assert main(["release", "ads"]) == 0 and "pin to 4 worker(s) released" in capsys.readouterr().out
+    assert main(["release", "ads"]) == 0 and "was not pinned" in capsys.readouterr().out
+    assert main(["pin", "ads", "4", "--until", "2001-01-01"]) == 2
+    assert "must end in the future" in capsys.readouterr().err
+    assert main(["pin", "feed", "2", "--for", "1h"]) == 2
+    assert "no job 'feed' in this deployment; its jobs: ranking, ads" in capsys.readouterr().err

@@ -399,7 +399,7 @@ class Observing:
     def current_generation(self):
         return self.name
 
-    def poke(self):
+    def poke(self, now=None):
         self.name = self.becomes or self.name
         return self.result
 

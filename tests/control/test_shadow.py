@@ -102,7 +102,7 @@ def test_shadow_poke_loop_records_every_decision_unapplied_and_starts_nothing(ho
 
     ui.app.dependency_overrides[get_user] = lambda: object()
     ui.app.dependency_overrides[ui.can_read_kale] = lambda: None  # access is tests/ui's subject, not this one's
-    monkeypatch.setattr(ui, "_models", lambda cfg: [])  # no MLflow round trip here (restored after the test)
+    monkeypatch.setattr(ui, "_models", lambda cfg, job="default": [])  # no MLflow round trip here (restored after)
     try:
         page = TestClient(ui.app).get("/").text
         state = TestClient(ui.app).get("/api/state").json()

@@ -144,7 +144,7 @@ def test_a_scale_down_holds_its_gpus_and_the_scale_up_waits_for_them():
     assert out["a"].workers == 10 and not out["a"].held_back
     assert out["b"].workers == 10 and out["b"].target == 20 and out["b"].held_back
     assert out["b"].reason is Reason.HOLD_BUDGET
-    assert "waits at 10 for the 10 GPUs its scale-up to 20 needs: a release them" in out["b"].message
+    assert "waits at 10 for the 10 GPUs its scale-up to 20 needs, being released by a" in out["b"].message
     # Once a's pause is over (it holds 10), b starts.
     assert allocate([demand("a", 10), b], 30)["b"].workers == 20
 

@@ -14,15 +14,21 @@ HEAVY = ("torch", "neuralprophet", "mlflow")
 CHECK = r"""
 import json, sys, warnings
 warnings.simplefilter("ignore")
+import os
 from airflow.dag_processing.dagbag import DagBag
-bag = DagBag(dag_folder=sys.argv[1], safe_mode=False)
-heavy = sorted(m for m in {"torch", "neuralprophet", "mlflow"} if m in sys.modules)
-print("RESULT" + json.dumps({"errors": {k: str(v) for k, v in bag.import_errors.items()},
-                             "dags": sorted(bag.dag_ids), "heavy": heavy}))
+for config in sys.argv[2:] or [""]:  # one parse per deployment file ("": none), in one interpreter
+    if config:
+        os.environ["KALE_CONFIG"] = config
+    bag = DagBag(dag_folder=sys.argv[1], safe_mode=False)
+    heavy = sorted(m for m in {"torch", "neuralprophet", "mlflow"} if m in sys.modules)
+    print("RESULT" + json.dumps({"errors": {k: str(v) for k, v in bag.import_errors.items()},
+                                 "dags": sorted(bag.dag_ids), "heavy": heavy}))
 """
 
 
-def parse_dags(folder: Path, airflow_home: Path) -> dict:
+def parse_dags(folder: Path, airflow_home: Path, configs: tuple = ()) -> dict | list[dict]:
+    """The DAGs of ``folder`` as parsed without a deployment file, or once per file of
+    ``configs`` (then a list, in order), in one interpreter."""
     env = {
         "AIRFLOW_HOME": str(airflow_home),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
@@ -30,17 +36,29 @@ def parse_dags(folder: Path, airflow_home: Path) -> dict:
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow_home}/airflow.db",
         "PATH": "/usr/bin:/bin",
     }
-    out = subprocess.run([sys.executable, "-c", CHECK, str(folder)], capture_output=True, text=True, env=env,
-                         timeout=300)
-    line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT")), None)
-    assert line, f"DAG parse crashed:\n{out.stdout}\n{out.stderr}"
-    return json.loads(line[len("RESULT"):])
+    out = subprocess.run([sys.executable, "-c", CHECK, str(folder), *map(str, configs)], capture_output=True,
+                         text=True, env=env, timeout=300)
+    lines = [json.loads(line[len("RESULT"):]) for line in out.stdout.splitlines() if line.startswith("RESULT")]
+    assert len(lines) == max(1, len(configs)), f"DAG parse crashed:\n{out.stdout}\n{out.stderr}"
+    return lines if configs else lines[0]
 
 
-def test_project_dags_import_cleanly_and_stay_light(tmp_path):
-    result = parse_dags(DAGS, tmp_path)
-    assert result["errors"] == {}
-    assert result["heavy"] == []
+PLAIN = ["kale_autoscaler", "kale_forecaster_retrain", "kale_throughput_refit", "kale_training"]
+
+
+def test_project_dags_import_cleanly_and_stay_light_one_set_per_job(tmp_path):
+    """Bug classes: an import error, a heavy import at parse time, a single-job deployment's
+    DAG ids changing, one set of DAGs for a fleet (a job's DAGs missing, ids that collide)."""
+    single, fleet = tmp_path / "single.yaml", tmp_path / "fleet.yaml"
+    single.write_text(json.dumps({"max_workers": 4}))
+    fleet.write_text(json.dumps({"stream_url": "sqlite:///s.db", "fleet": {"gpus": 8}, "jobs": [
+        {"name": "ranking", "stream_url": "sqlite:///ranking.db"}, {"name": "ads", "stream_url": "sqlite:///ads.db"}]}))
+    plain, jobs = parse_dags(DAGS, tmp_path, (single, fleet))
+    for result in (plain, jobs):
+        assert result["errors"] == {}
+        assert result["heavy"] == []
+    assert plain["dags"] == PLAIN
+    assert jobs["dags"] == sorted(f"{base}__{job}" for base in PLAIN for job in ("ranking", "ads"))
 
 
 @pytest.mark.slow

@@ -104,3 +104,43 @@ def test_the_pool_says_why_it_restarts():
     assert restart_reason({1: -9, 0: 3}) == "restart after slot 0 ended with exit code 3"
     assert "did not all meet in time (slot 1)" in restart_reason({1: EXIT_RENDEZVOUS})
     assert "slot 0 started again" in restart_reason({0: 0})
+
+
+WAITING_RANK = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); "
+                "print('waiting', flush=True); time.sleep(600)")  # a warm rank waiting for its next generation
+
+
+def pool(tmp_path, url, *options):
+    """``supervise --pool`` over a stand-in rank (started in its own process: it handles signals)."""
+    import os
+    import subprocess
+
+    return subprocess.Popen([sys.executable, "-m", "kale_airflow.runtime.supervise", "--pool", "--log-dir",
+                             str(tmp_path / "logs"), *options, "--", sys.executable, "-c", WAITING_RANK],
+                            env=os.environ | {"KALE_DATABASE_URL": url}, stdout=subprocess.PIPE, text=True)
+
+
+def test_a_pool_whose_deployment_stopped_tells_its_waiting_ranks_to_stop_and_ends(tmp_path):
+    """Bug class: a pool (and its warm ranks) outliving the deployment's stop for as long as the
+    ranks wait for a generation that will never come (the leak of a test's pool)."""
+    url = f"sqlite:///{tmp_path / 'kale.db'}"
+    store = StateStore(url)
+    store.set_current_generation("g1", 1)
+    proc = pool(tmp_path, url)
+    from tests.conftest import wait_until
+
+    wait_until(lambda: (tmp_path / "logs" / "worker-0.log").exists()
+               and "waiting" in (tmp_path / "logs" / "worker-0.log").read_text(), "the rank started")
+    store.set_current_generation("stopped", 0)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert "slot 0 is told to stop" in out and "wants no worker and none runs: the pool ends" in out
+
+
+def test_a_pool_without_slots_ends_once_the_control_plane_outlasts_the_deadline(tmp_path):
+    """Bug class: a pool that cannot read the current generation waiting forever with nothing to keep."""
+    (tmp_path / "a-file").write_text("")  # a database under a file cannot be opened
+    proc = pool(tmp_path, f"sqlite:///{tmp_path / 'a-file' / 'kale.db'}", "--outage-deadline", "0.5")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_DEPENDENCY, out
+    assert "unreachable for --outage-deadline 0.5 s and no slot runs: the pool ends" in out

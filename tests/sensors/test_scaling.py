@@ -26,7 +26,7 @@ class FixedAutoscaler:
         self.result = (Decision(target, reason, f"{running} -> {target}"), Observation(0.0, running, 1.0, 0.0, 0.0))
         self.state, self.then = CurrentGeneration("g000007-3w"), then
 
-    def poke(self):
+    def poke(self, now=None):
         if self.then:
             self.state.name = self.then
         return self.result
@@ -72,7 +72,7 @@ def test_the_shadow_param_reaches_the_trigger(tmp_path, monkeypatch, param, flag
         sensor.execute({})
     name, kwargs = deferred.value.trigger.serialize()
     assert name == "kale_airflow.triggers.scaling.ScalingTrigger"
-    assert kwargs == {"poll_interval_s": 2.0, "max_polls": 3, "shadow": flag}
+    assert kwargs == {"poll_interval_s": 2.0, "max_polls": 3, "shadow": flag, "job": None}
 
 
 def test_a_broken_deployment_file_fails_the_sensor_without_retries(tmp_path, monkeypatch):

@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 import threading
 
+import pandas as pd
 import pytest
 from sqlalchemy import create_engine, inspect, select, text
 
+from kale_airflow.metrics.embedded import EmbeddedMetrics
 from kale_airflow.store import SchemaUpgradeRequired, SchemaVersionError, StateStore, migrate, schema
 from kale_airflow.store.database import Database, forget_databases
 from tests.store.legacy import DOC_NEW, DOC_OLD, NEW, OLD, ROWS, make_v1_database
@@ -27,7 +29,7 @@ def raw_engine(url: str):
     return create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
 
 
-def table_rows(url: str, table: str, drop=("id", "seq")) -> list[dict]:
+def table_rows(url: str, table: str, drop=("id", "seq", "job")) -> list[dict]:
     """Every row of ``table`` (without the surrogate and order columns), read with plain SQL."""
     engine = raw_engine(url)
     try:
@@ -100,8 +102,53 @@ def test_a_0_1_0_database_is_upgraded_with_every_row_kept_under_the_new_names(db
     engine = raw_engine(db_url)
     with engine.connect() as c:
         assert c.execute(text("SELECT version FROM schema_version")).scalars().all() == [2]
-        assert c.execute(text("SELECT version_num FROM kale_alembic_version")).scalars().all() == ["0002"]
+        assert c.execute(text("SELECT version_num FROM kale_alembic_version")).scalars().all() == [
+            schema.HEAD_REVISION]
     engine.dispose()
+    assert all(json.loads(row)["job"] == "default" for t in NEW_NAMES.values()
+               for row in table_rows(db_url, t, drop=("id", "seq")))
+
+
+def test_a_single_job_database_keeps_its_rows_under_job_default_and_a_second_job_starts_empty(db_url, upgrading):
+    """The previous release's schema (0002: one job per database) upgraded to jobs. Bug
+    classes: rows lost or left without a job, a key that still ignores the job (the second
+    job's first generation, decision, traffic step or control key colliding with the first's,
+    or overwriting it), one job reading another's rows, the counter shared between jobs."""
+    make_v1_database(db_url)
+    db = Database(db_url, prepare=False)
+    migrate.upgrade(db, "0002")
+    db.dispose()
+    before = {t: table_rows(db_url, t) for t in NEW_NAMES.values()}
+    default = StateStore(db_url)
+    assert {t: table_rows(db_url, t) for t in NEW_NAMES.values()} == before
+    assert default.current()["generation"] == NEW and default.latest("default")[0] == NEW
+    assert [d["message"] for d in default.decisions()] == ["up", "stay"]
+
+    ads = default.for_job("ads")
+    assert ads.current() is None and ads.decisions() == [] and ads.latest("default") is None
+    assert ads.get_value("autoscaler_state") is None and ads.running_workers() == []
+    made = ads.apply_generation("run1:decision", "run1", None, 2)
+    assert made.outcome == "applied" and made.generation == "g000001-2w"  # its own counter
+    assert ads.put("default", made.generation, 2, {"assignment": {}})
+    ads.set_value("autoscaler_state", {"bins": [9.0]})
+    ads.record_decision(1700000300.0, 0, {"workers": 2, "reason": "scale_up_forecast", "message": "ads"})
+    ads.worker_seen(made.generation, 0, "running", now=1700000301.0)
+    assert default.get_value("autoscaler_state") == {"bins": [1.0, 2.0]}
+    assert [d["message"] for d in default.decisions()] == ["up", "stay"]
+    assert default.current()["generation"] == NEW and [w[0] for w in default.running_workers()] == [NEW]
+    assert ads.current()["generation"] == made.generation and [d["message"] for d in ads.decisions()] == ["ads"]
+    # the same decision id in another job is another decision; the default job's counter goes on
+    again = default.apply_generation("run1:decision", "run1", NEW, 4)
+    assert again.outcome == "applied" and again.generation == "g000004-4w"
+    assert default.jobs() == ["ads", "default"]
+
+    series = pd.Series([5.0], index=pd.to_datetime([1700000000], unit="s"))
+    EmbeddedMetrics(db_url, "ads").write_traffic(series)
+    kept = EmbeddedMetrics(db_url).traffic_history(1.0)  # the upsert did not touch the default job's step
+    assert kept.iloc[0] == 120.0 and len(kept) == 2
+    assert EmbeddedMetrics(db_url, "ads").traffic_history(1.0).tolist() == [5.0]
+    assert EmbeddedMetrics(db_url, "ads").throughput_observations().empty
+    assert len(EmbeddedMetrics(db_url).throughput_observations()) == 2
 
 
 @pytest.mark.parametrize("start", ["empty", "0.1.0", "migrated-from-nothing"])
@@ -125,7 +172,8 @@ def test_every_way_to_the_head_gives_the_tables_of_schema_py_with_prefixed_names
 
 
 def test_the_chain_ends_at_the_head_revision_schema_py_names():
-    assert migrate.known_revisions() == ("0001", "0002") and migrate.known_revisions()[-1] == schema.HEAD_REVISION
+    assert migrate.known_revisions() == ("0001", "0002", "0003")
+    assert migrate.known_revisions()[-1] == schema.HEAD_REVISION
 
 
 def test_a_downgrade_returns_to_0_1_0_s_schema_and_upgrades_again(db_url, upgrading):
@@ -156,7 +204,8 @@ def test_a_database_that_is_behind_is_refused_without_auto_upgrade(request, tmp_
     with pytest.raises(SchemaUpgradeRequired) as err:
         StateStore(url)
     msg = str(err.value)
-    assert "schema_version 1" in msg and "needs revision 0002" in msg and "run `kale db upgrade`" in msg
+    assert "schema_version 1" in msg and f"needs revision {schema.HEAD_REVISION}" in msg
+    assert "run `kale db upgrade`" in msg
     assert "KALE_DB_AUTO_UPGRADE=1" in msg and "off by default for PostgreSQL" in msg
     assert not {n for n in names(url) if n.startswith("kale_")}  # nothing was changed
     forget_databases()

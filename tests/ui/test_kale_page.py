@@ -193,3 +193,57 @@ def test_the_plot_shows_the_last_day_against_the_deployments_slo(history, signed
     assert png.status_code == 200 and png.content[:4] == b"\x89PNG"
     (slo_s, quantile, ds), = seen
     assert (slo_s, quantile, limits[-1]) == expected and [d["reason"] for d in ds][-1] == "scale_down_forecast"
+
+
+def test_a_fleet_page_shows_every_job_and_each_job_needs_its_own_dag_permission(tmp_path, monkeypatch):
+    """Bug classes: one job's page readable with another job's permission, the overview
+    showing a job the user may not read, a job's rows shown on another's page, an unknown job
+    answered with the default job's page."""
+    import json
+
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+    from airflow.api_fastapi.core_api import security
+    from airflow.models.dag import DagModel
+
+    monkeypatch.setenv("KALE_HOME", str(tmp_path))
+    monkeypatch.setenv("KALE_MLFLOW_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    (tmp_path / "kale.yaml").write_text(json.dumps({"fleet": {"gpus": 6}, "jobs": [
+        {"name": "ranking", "stream_url": "sqlite:///r.db", "priority": 3},
+        {"name": "ads", "stream_url": "sqlite:///a.db"}]}))
+    now = time.time()
+    for job, workers, reason, message in (("ranking", 4, "hold", "ranking keeps 4"),
+                                          ("ads", 2, "hold_budget", "ads gets 2 of the 4 workers it asks for")):
+        store = StateStore(f"sqlite:///{tmp_path / 'kale.db'}", job)
+        store.set_current_generation(f"g000001-{workers}w", workers)
+        store.record_decision(now, workers, {"workers": workers, "reason": reason, "message": message,
+                                             "plan_workers": 4, "freshness_lag_s": 30.0})
+    from kale_airflow.control.fleet import pin
+
+    pin(StateStore(f"sqlite:///{tmp_path / 'kale.db'}", "ads"), 3, now + 3600, "load test")
+    auth = PerDagAuthManager()
+    monkeypatch.setattr(security, "get_auth_manager", lambda: auth)
+    monkeypatch.setattr(DagModel, "get_team_name", staticmethod(lambda dag_id, session=None: None))
+
+    def client(role):
+        served = create_app()
+        served.dependency_overrides[get_user] = lambda: SimpleAuthManagerUser(username="u", role=role)
+        return TestClient(served)
+
+    both = client("kale_autoscaler__ranking,kale_autoscaler__ads")
+    overview = both.get("/")
+    assert overview.status_code == 200 and "Kale fleet" in overview.text
+    assert "ranking keeps 4" in overview.text and "ads gets 2 of the 4" in overview.text
+    rows = {r["job"]: r for r in both.get("/api/state").json()["fleet"]}
+    assert rows["ads"]["held_by_budget"] and not rows["ranking"]["held_by_budget"]
+    assert (rows["ads"]["workers"], rows["ads"]["asks"], rows["ads"]["slo_ok"]) == (2, 4, True)
+    assert rows["ads"]["pin"]["workers"] == 3 and rows["ranking"]["pin"] is None
+    assert "pinned to 3 until" in overview.text and "(load test)" in overview.text
+    ads_page = both.get("/?job=ads")
+    assert ads_page.status_code == 200 and "ads gets 2" in ads_page.text and "ranking keeps" not in ads_page.text
+    assert "pinned to 3 until" in ads_page.text and "pinned" not in both.get("/?job=ranking").text
+    assert both.get("/plot.png?job=ranking").content[:4] == b"\x89PNG" and both.get("/plot.png").status_code == 400
+    assert both.get("/?job=feed").status_code == 404
+
+    only_ads = client("kale_autoscaler__ads")
+    assert {p: only_ads.get(p).status_code for p in ("/?job=ads", "/?job=ranking", "/", "/api/state")} == {
+        "/?job=ads": 200, "/?job=ranking": 403, "/": 403, "/api/state": 403}

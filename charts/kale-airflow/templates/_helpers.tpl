@@ -49,6 +49,12 @@ and Kafka Secrets the pods reference. */}}
 {{- fail (printf "config.kubernetes.%s is %q but %s is %q: the pods, the Role, the claim and the service account would not meet; leave config.kubernetes.%s unset (it comes from %s)" $field $given (index $from 0) (index $from 1) $field (index $from 0)) -}}
 {{- end -}}
 {{- $_ := set $k8s $field (index $from 1) -}}
+{{- range $i, $job := (get $cfg "jobs" | default list) -}}
+{{- $own := get (get $job "kubernetes" | default dict) $field -}}
+{{- if and $own (ne $own (index $from 1)) -}}
+{{- fail (printf "config.jobs[%d] (%s) sets kubernetes.%s %q but %s is %q: with this chart every job's pods run with the release's namespace, claim and service account (one Role covers them); leave it unset" $i (get $job "name") $field $own (index $from 0) (index $from 1)) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- $_ := set $k8s "image" (include "kale.workerImage" .) -}}
 {{- $_ := set $k8s "image_pull_policy" .Values.images.worker.pullPolicy -}}
