@@ -251,10 +251,10 @@ def fixed_worker_hours(workers: pd.Series, dt: pd.Series) -> float:
 
 
 def airflow_ui_env(airflow_home: Path, kale_home: Path, bin_dir: Path | None = None) -> dict[str, str]:
-    """The environment ``airflow standalone`` needs to serve a demo's state: the venv's
-    ``bin`` first on PATH (standalone spawns its components by name), the repository's
-    ``dags/`` (an empty dags_folder marks every Kale DAG stale and hides it), no example
-    DAGs, and the demo's Airflow database and Kale home."""
+    """The environment the Airflow UI needs to serve a demo's state: the venv's ``bin`` first
+    on PATH (``kale ui`` starts Airflow's components by name), the repository's ``dags/`` (an
+    empty dags_folder marks every Kale DAG stale and hides it), no example DAGs, and the
+    demo's Airflow database and Kale home."""
     bin_dir = Path(sys.executable).parent if bin_dir is None else bin_dir
     return {"PATH": f"{bin_dir}:$PATH", "AIRFLOW_HOME": str(airflow_home), "KALE_HOME": str(kale_home),
             "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
@@ -271,7 +271,48 @@ def airflow_ui_command(airflow_home: Path, kale_home: Path, bin_dir: Path | None
     in_double_quotes = "".join("\\" + ch if ch in '"$`\\' else ch for ch in str(bin_dir))
     words = [f'PATH="{in_double_quotes}:$PATH"']
     words += [f"{k}={shlex.quote(v)}" for k, v in env.items() if k != "PATH"]
-    return " ".join(words + [shlex.quote(str(bin_dir / "airflow")), "standalone"])
+    return " ".join(words + [shlex.quote(str(bin_dir / "kale")), "ui"])
+
+
+# Airflow's components that only show state: no scheduler (it would start runs) and no
+# triggerer (it would resume a demo's deferred sensors, which would decide and record again).
+UI_COMPONENTS = ("dag-processor", "api-server")
+
+
+def serve_ui(port: int, airflow: Path | None = None) -> int:
+    """``kale ui``: Airflow's DAG processor and API server on this environment's Airflow home,
+    until one of them ends or Ctrl-C; returns the first non-zero exit code (0 on Ctrl-C)."""
+    import signal
+
+    airflow = airflow or Path(sys.executable).parent / "airflow"
+    commands = {"dag-processor": [str(airflow), "dag-processor"],
+                "api-server": [str(airflow), "api-server", "--port", str(port)]}
+    def interrupted(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)  # stopped like Ctrl-C: both components end with it
+    procs = {name: subprocess.Popen(commands[name]) for name in UI_COMPONENTS}
+    home = os.environ.get("AIRFLOW_HOME", "~/airflow")
+    print(f"Airflow UI on http://localhost:{port} (read-only: {' and '.join(UI_COMPONENTS)}, no scheduler or "
+          f"triggerer, so nothing runs or decides); sign in as admin with the password in "
+          f"{home}/simple_auth_manager_passwords.json.generated; Ctrl-C stops it", flush=True)
+    code = 0
+    try:
+        while all(p.poll() is None for p in procs.values()):
+            time.sleep(0.5)
+        code = next(p.returncode for p in procs.values() if p.poll() is not None)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs.values():
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    return code
 
 
 def model_settings(config: str | None) -> dict:

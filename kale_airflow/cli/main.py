@@ -190,6 +190,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.out, args.minutes, args.config)
 
 
+def cmd_ui(args: argparse.Namespace) -> int:
+    """Airflow's UI on this environment's Airflow home, read-only."""
+    from kale_airflow.cli.demo import serve_ui
+
+    return serve_ui(args.port)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
     parser = argparse.ArgumentParser(
@@ -337,6 +344,16 @@ def _add_demo(sub) -> None:
     demo.add_argument("--config", metavar="KALE_YAML", help="train this kale.yaml's trainer on its producer's payloads "
                       "(the rest of the demo's deployment is its own; default: the reference CTR model)")
     demo.set_defaults(func=cmd_demo)
+
+    ui = sub.add_parser(
+        "ui", help="serve the Airflow UI on a demo's state, read-only (the command `kale demo` prints)",
+        description="Start Airflow's DAG processor and API server on $AIRFLOW_HOME (the environment `kale demo` "
+                    "prints sets it to the demo's), and no scheduler or triggerer: the DAGs, their runs and task "
+                    "logs, the Kale page and its decisions are shown as the demo left them, and no deferred "
+                    "sensor resumes to decide again. Ctrl-C stops both.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ui.add_argument("--port", type=int, default=8080, help="the API server's port")
+    ui.set_defaults(func=cmd_ui)
 
 
 def main(argv: list[str] | None = None) -> int:

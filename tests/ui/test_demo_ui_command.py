@@ -1,9 +1,10 @@
 """The Airflow UI command ``kale demo`` prints works as printed: the venv's ``bin`` on PATH
-(standalone spawns its components by name), the repository's DAGs (not an empty
+(``kale ui`` starts Airflow's components by name), the repository's DAGs (not an empty
 dags_folder that marks every Kale DAG stale), no example DAGs, the demo's Airflow
 database and Kale home. Runs the printed command's environment against a small recorded
-demo state: what standalone's DAG processor does (serialize the bundles), then Airflow's
-own API server app, asked through its REST API with a user token."""
+demo state: what the DAG processor does (serialize the bundles), then Airflow's own API
+server app, asked through its REST API with a user token; and the printed command itself,
+which starts only the DAG processor and the API server, so nothing decides again."""
 
 import json
 import shlex
@@ -11,12 +12,15 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 
 from kale_airflow.cli.demo import airflow_ui_command
 from kale_airflow.store import StateStore
+from tests.stream.conftest import _free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 KALE_DAGS = {"kale_autoscaler", "kale_forecaster_retrain", "kale_throughput_refit", "kale_training"}
@@ -50,23 +54,23 @@ def parse_printed(line: str) -> tuple[dict, list[str]]:
 def test_printed_command_names_the_venv_the_dags_and_the_demo_state(tmp_path):
     bin_dir = Path(sys.executable).parent
     env, argv = parse_printed(airflow_ui_command(tmp_path / "airflow", tmp_path / "kale"))
-    assert argv == [str(bin_dir / "airflow"), "standalone"]
+    assert argv == [str(bin_dir / "kale"), "ui"]
     assert env["PATH"] == f"{bin_dir}:$PATH"  # the user's shell expands $PATH
     assert env["AIRFLOW__CORE__DAGS_FOLDER"] == str(ROOT / "dags")
     assert env["AIRFLOW__CORE__LOAD_EXAMPLES"] == "False"
     assert env["AIRFLOW_HOME"] == str(tmp_path / "airflow") and env["KALE_HOME"] == str(tmp_path / "kale")
     assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == f"sqlite:///{tmp_path / 'airflow'}/airflow.db"
-    # standalone spawns `airflow scheduler`, `airflow api-server`, ... by name: they resolve to this venv
+    # `kale ui` starts `airflow dag-processor` and `airflow api-server`: this venv's
     path = env["PATH"].replace("$PATH", "/usr/bin:/bin")
-    assert shutil.which("airflow", path=path) == str(bin_dir / "airflow")
+    assert shutil.which("kale", path=path) == str(bin_dir / "kale")
 
 
 def test_paths_with_spaces_and_quotes_survive_the_shell(tmp_path):
     odd = tmp_path / "my demo's $out"
     env, argv = parse_printed(airflow_ui_command(odd / "airflow", odd / "kale", bin_dir=odd / "bin"))
-    assert env["AIRFLOW_HOME"] == str(odd / "airflow") and argv[0] == str(odd / "bin" / "airflow")
+    assert env["AIRFLOW_HOME"] == str(odd / "airflow") and argv[0] == str(odd / "bin" / "kale")
     line = airflow_ui_command(odd / "airflow", odd / "kale", bin_dir=odd / "bin")
-    assignments = line[:line.rindex(shlex.quote(str(odd / "bin" / "airflow")))]
+    assignments = line[:line.rindex(shlex.quote(str(odd / "bin" / "kale")))]
     out = subprocess.run(["bash", "-c", assignments + "env"], capture_output=True, text=True,
                          env={"PATH": "/usr/bin:/bin"})
     seen = dict(l.split("=", 1) for l in out.stdout.splitlines() if "=" in l)
@@ -84,9 +88,9 @@ def test_printed_environment_serves_the_kale_dags_runs_and_page(airflow_home, tm
     env, argv = parse_printed(airflow_ui_command(demo_airflow, kale_home))
     env["PATH"] = env["PATH"].replace("$PATH", "/usr/bin:/bin")
     env |= {"HOME": str(tmp_path), "PYTHONWARNINGS": "ignore", "GIT_PYTHON_REFRESH": "quiet"}
+    assert shutil.which("kale", path=env["PATH"]) == argv[0]
     airflow = shutil.which("airflow", path=env["PATH"])
-    assert airflow == argv[0]
-    # What standalone's DAG processor does first: parse every configured bundle into the DB.
+    # What the DAG processor does first: parse every configured bundle into the DB.
     proc = subprocess.run([airflow, "dags", "reserialize"], env=env, capture_output=True, text=True, timeout=600,
                           cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -105,3 +109,41 @@ def test_printed_environment_serves_the_kale_dags_runs_and_page(airflow_home, tm
     assert res["runs"] == 1
     assert res["kale"] == 200 and "the evening peak is coming" in res["page"]
     assert res["anonymous"] == 401
+
+
+@pytest.mark.slow
+def test_the_printed_command_serves_read_only_and_decides_nothing(airflow_home, tmp_path):
+    """Bug class: the UI command resuming the demo's deferred sensors (a triggerer) or starting
+    runs (a scheduler), which wrote phantom decisions at the head of the Kale page. The
+    printed command runs for real: its processes are the DAG processor and the API server
+    only, the API server answers, and the decision log is what the demo left."""
+    kale_home = tmp_path / "kale"
+    store = StateStore(kale_home / "kale.db")
+    store.record_decision(time.time(), 2, {"workers": 3, "reason": "scale_up_forecast", "message": "demo's last"})
+    env, argv = parse_printed(airflow_ui_command(airflow_home.path, kale_home))
+    env["PATH"] = env["PATH"].replace("$PATH", "/usr/bin:/bin")
+    env |= {"HOME": str(tmp_path), "PYTHONWARNINGS": "ignore", "GIT_PYTHON_REFRESH": "quiet"}
+    port = _free_port()
+    proc = subprocess.Popen([*argv, "--port", str(port)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline, healthy = time.monotonic() + 240, False
+        while time.monotonic() < deadline and proc.poll() is None and not healthy:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=5) as r:
+                    healthy = r.status == 200
+            except OSError:
+                time.sleep(1)
+        assert healthy, f"the API server did not answer: {proc.poll()}"
+        time.sleep(10)  # the DAG processor has parsed the DAGs by now; a triggerer would have resumed sensors
+        ui = psutil.Process(proc.pid)
+        started = [" ".join(c.cmdline()).replace("_", "-") for c in ui.children()]  # api-server retitles itself
+        kinds = sorted(k for c in started for k in ("api-server", "dag-processor") if k in c)
+        assert len(started) == 2 and kinds == ["api-server", "dag-processor"], started
+        everything = " ".join(" ".join(c.cmdline()) for c in ui.children(recursive=True))
+        assert not any(word in everything for word in ("scheduler", "triggerer", "standalone")), everything
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=60)
+    assert "read-only: dag-processor and api-server, no scheduler or triggerer" in out
+    assert [d["message"] for d in store.decisions()] == ["demo's last"]  # 0 decisions added
