@@ -60,7 +60,6 @@ class FleetLimits:
     def __init__(self, deployment, store):
         self.dep, self.store = deployment, store
         self.overrides = tuple(o.override for o in deployment.schedule_overrides)
-        self.last: dict | None = None  # what the last call did, for the decision's details
 
     def bounds(self, now: float) -> Bounds:
         """The job's bounds now: its limits, narrowed by its open windows and its pin."""
@@ -77,11 +76,11 @@ class FleetLimits:
         mine = self.demand(d, obs, b, policy)
         demands = [mine, *self.others(now, fleet.demand_ttl_s)]
         share = allocate(demands, fleet.gpus, violation_gpus=fleet.violation_gpus)[mine.name]
-        self.last = share.to_dict() | {"jobs": len(demands)}
+        budget = share.to_dict() | {"jobs": len(demands)}
         if share.held_back:
-            d = Decision(share.workers, Reason.HOLD_BUDGET, share.message, d.details | {"budget": self.last})
+            d = Decision(share.workers, Reason.HOLD_BUDGET, share.message, d.details | {"budget": budget})
         elif share.workers != d.workers:
-            d = Decision(share.workers, d.reason, d.message, d.details | {"budget": self.last})
+            d = Decision(share.workers, d.reason, d.message, d.details | {"budget": budget})
         if record:  # the GPUs it holds include those this decision is about to take
             held = max(mine.gpus, d.workers)
             self.store.set_value(DEMAND_KEY, dataclasses.replace(mine, held=held).to_dict() | {"ts": now})
@@ -97,11 +96,11 @@ class FleetLimits:
         table = getattr(getattr(policy, "capacity", None), "table", None)
         if obs.rescaling or plan is None or table is None or obs.arrival_rate is None:
             return JobDemand(dep.job, want, current, horizon_s=dep.kale_config.horizon_s, **kw)
+        planned = policy.config  # the measured rescale pause the autoscaler plans with, not the configured floor
         return JobDemand.from_plan(dep.job, plan(obs), want, current, capacity=table,
                                    freshness_s=obs.freshness_lag_s or 0.0, arrival_rate=obs.arrival_rate,
-                                   backlog=obs.backlog or 0.0, slo_s=dep.slo_s,
-                                   downtime_s=dep.kale_config.rescale_downtime_s,
-                                   horizon_s=dep.kale_config.horizon_s, **kw)
+                                   backlog=obs.backlog or 0.0, slo_s=dep.slo_s, downtime_s=planned.rescale_downtime_s,
+                                   horizon_s=planned.horizon_s, **kw)
 
     def others(self, now: float, ttl_s: float) -> list[JobDemand]:
         """The other jobs' latest demands; a stale one (its autoscaler stopped) keeps what it runs."""

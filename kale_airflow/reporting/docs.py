@@ -286,6 +286,16 @@ def mutation_table(path: Path | None = None) -> str:
     return summary + "\n\n" + _table(["module", "killed", "survived", "score"], rows) + "\n"
 
 
+def fleet_poke() -> str:
+    """docs/fleet.md's measured poke of a job in a fleet (``benchmarks/autoscaler.py --stream fleet``)."""
+    d = json.loads((ROOT / "benchmarks" / "results" / "autoscaler_fleet.json").read_text())
+    return (f"`benchmarks/autoscaler.py --stream fleet`: one poke of a job in a fleet of {d['jobs']} jobs on a "
+            f"PostgreSQL control plane on loopback, with a budget of {d['gpus']} GPUs that binds "
+            f"({d['held_by_budget']} of {d['pokes']} decisions held by it): p50 {d['p50_ms']:.0f} ms, p99 "
+            f"{d['p99_ms']:.0f} ms (target p99 <= {d['target']['poke_p99_ms']} ms; "
+            "`benchmarks/results/autoscaler_fleet.json`).\n")
+
+
 # ------------------------------------------------------------------ engine benchmark
 PT = 100.0
 NAMES = {"nyc_taxi_30min": "NYC taxi, 30 min", "nasa_http_jul1995_1min": "NASA HTTP, 1 min",
@@ -403,6 +413,7 @@ GENERATED: list[tuple[str, str, Callable[[], str]]] = [
     ("docs/testing.md", "mutation-table", mutation_table),
     ("docs/policy.md", "engine-tables", engine_tables),
     ("README.md", "engine-summary", engine_summary),
+    ("docs/fleet.md", "fleet-poke", fleet_poke),
 ]
 
 

@@ -57,7 +57,7 @@ class Decoded:
 
 
 @runtime_checkable
-class Trainer(Protocol):
+class Trainer(Protocol):  # pragma: no mutate block - mutmut's trampolines would be members isinstance() checks
     """What the runtime needs from a model (see the module docstring)."""
 
     def build(self, device, amp: bool = False) -> tuple[Any, Any]:

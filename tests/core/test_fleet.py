@@ -281,3 +281,24 @@ def test_overrides_and_pins_from_config_mappings():
 def test_bad_overrides_are_refused(doc, match):
     with pytest.raises(ValueError, match=match):
         Override.from_dict(doc)
+
+
+def test_a_demand_survives_the_control_plane_and_an_idle_one_keeps_what_it_runs():
+    """Bug classes: a demand read back from the control plane with a cost, risk, bound,
+    priority or count changed (infinite costs lost in JSON), a stale job's demand still
+    asking for GPUs it does not run."""
+    cost = np.array([math.inf, 9.0, 4.0, 5.5])
+    d = JobDemand("ads", 3, 2, 1, 3, 2.5, cost=cost, risk_s=np.array([math.inf, 60.0, 0.0, 0.0]),
+                  slo_ok=np.array([False, True, True, True]), horizon_s=1800.0, held=4, locked=True)
+    back = JobDemand.from_dict(json.loads(json.dumps(d.to_dict())))
+    assert (back.name, back.want, back.current, back.min_workers, back.max_workers, back.priority, back.horizon_s,
+            back.held, back.locked) == ("ads", 3, 2, 1, 3, 2.5, 1800.0, 4, True)
+    assert back.cost.tolist() == cost.tolist() and back.risk_s.tolist() == [math.inf, 60.0, 0.0, 0.0]
+    assert back.slo_ok.tolist() == [False, True, True, True]
+    plain = JobDemand.from_dict(json.loads(json.dumps(JobDemand("feed", 5, 1).to_dict())))
+    assert plain.cost is None and plain.risk_s is None and plain.slo_ok is None and plain.held is None
+    idle = JobDemand("ads", 6, 2, 3, 8, 2.0, cost=cost, held=4).idle()
+    assert (idle.want, idle.current, idle.min_workers, idle.max_workers, idle.held, idle.locked) == (2, 2, 2, 3, 4, True)
+    assert idle.cost is None and idle.priority == 2.0
+    out = allocate([idle, JobDemand("ranking", 10, 0, 1, 10)], 10)
+    assert out["ads"].workers == 2 and out["ranking"].workers == 6  # ads keeps its 2 (it holds 4 now)
