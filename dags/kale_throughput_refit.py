@@ -8,9 +8,8 @@ from airflow.sdk import Param, dag, get_current_context, task
 
 from kale_airflow.config import dag_id
 from kale_airflow.config.schedules import deployment_jobs, job_tags, schedule_from
-from kale_airflow.control.promotions import asset_uri
 from kale_airflow.operators.failures import kale_default_args, no_retry_on_permanent_errors
-from kale_airflow.operators.promotion import model_asset
+from kale_airflow.operators.promotion import promotion_tasks
 from kale_airflow.registry.mlflow_registry import job_models
 
 DOC = """
@@ -76,22 +75,7 @@ def kale_throughput_refit_dag(job: str):
 
             return register_throughput(settings(job), get_current_context()["run_id"], summary)
 
-        @task(doc_md="Promote if configured and winning (lower relative RMSE), else tag for review (and alert).")
-        @no_retry_on_permanent_errors
-        def promote_or_hold(summary: dict, registered: dict, params: dict | None = None) -> dict:
-            from kale_airflow.operators.promotion import review_challenger
-
-            return review_challenger(model, "rel_rmse", summary, registered, bool(params["auto_promote"]), job)
-
-        @task(outlets=[model_asset(model)],
-              doc_md=f"A promotion: an asset event on `{asset_uri(model)}` (the autoscaler reloads). A hold: "
-                   "skipped.")
-        @no_retry_on_permanent_errors
-        def announce_champion(result: dict) -> dict:
-            from kale_airflow.operators.promotion import announce_promotion
-
-            return announce_promotion(result, model, get_current_context(), job)
-
+        promote_or_hold, announce_champion = promotion_tasks(model, "rel_rmse", job)
         summary = fit()
         announce_champion(promote_or_hold(summary, register(summary)))
 

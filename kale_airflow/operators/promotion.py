@@ -41,3 +41,26 @@ def announce_promotion(result: dict, model: str, context, job: str = "default") 
         raise AirflowSkipException(f"{model} v{result.get('version')} was held for review: no new champion")
     context["outlet_events"][model_asset(model)].extra = extra
     return extra
+
+
+def promotion_tasks(model: str, metric: str, job: str = "default"):
+    """The last two tasks of a retrain or refit DAG for ``model``: ``promote_or_hold(summary,
+    registered)`` (:func:`review_challenger` on ``metric``, the run's ``auto_promote`` param)
+    and ``announce_champion(result)`` (:func:`announce_promotion`, outlet :func:`model_asset`)."""
+    from airflow.sdk import get_current_context, task
+
+    from kale_airflow.operators.failures import no_retry_on_permanent_errors
+
+    @task(task_id="promote_or_hold",
+          doc_md=f"Promote if configured and winning (lower {metric}), else tag for review in MLflow (and alert).")
+    @no_retry_on_permanent_errors
+    def promote_or_hold(summary: dict, registered: dict, params: dict | None = None) -> dict:
+        return review_challenger(model, metric, summary, registered, bool(params["auto_promote"]), job)
+
+    @task(task_id="announce_champion", outlets=[model_asset(model)],
+          doc_md=f"A promotion: an asset event on `{asset_uri(model)}` (the autoscaler reloads). A hold: skipped.")
+    @no_retry_on_permanent_errors
+    def announce_champion(result: dict) -> dict:
+        return announce_promotion(result, model, get_current_context(), job)
+
+    return promote_or_hold, announce_champion
