@@ -65,7 +65,7 @@ STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
 KafkaSecretEnv = Literal["KALE_KAFKA_CONFIG", "KALE_KAFKA_SASL_USERNAME", "KALE_KAFKA_SASL_PASSWORD"]
 SecretKey = Annotated[str, StringConstraints(pattern=r"^[-._a-zA-Z0-9]{1,253}$")]
 _DNS_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
-# A job's name goes into DAG ids, MLflow model names, pod labels and control-plane rows.
+# A job's name goes into DAG ids, MLflow model names, folder names and control-plane rows.
 JOB_NAME = r"^[a-z0-9]([-a-z0-9_]{0,38}[a-z0-9])?$"
 
 

@@ -411,8 +411,10 @@ class PoolSupervisor(JobSupervisor):
 
     def _loop(self) -> int:
         started, attempt_reason = time.monotonic(), "start"
+        known = None  # the last size the control plane said (kept through an outage)
         while True:
             want = self._wanted()
+            known = known if want is None else want
             exited = {r: p.poll() for r, p in self.slots.items() if p.poll() is not None}
             for r, code in exited.items():
                 if code == 0:
@@ -431,7 +433,7 @@ class PoolSupervisor(JobSupervisor):
                 reason = attempt_reason if not self.slots else "scale-up"
                 self._start_slots(start, reason)
                 attempt_reason = "rejoin"
-            if want == 0 and not self.slots:
+            if known == 0 and not self.slots:  # an outage after the stop does not keep it waiting
                 say("the current generation wants no worker and none runs: the pool ends")
                 return 0
             if want == 0:  # the deployment stopped: no generation will take the ranks waiting for one
