@@ -122,22 +122,15 @@ def _store(home, values):
     EmbeddedMetrics(home.kale_home / "kale.db").write_traffic(pd.Series(values, index=idx))
 
 
-@pytest.mark.parametrize(
-    "values, message",
-    [
-        (np.where(np.arange(480) == 300, np.nan, 100 + 50 * np.sin(np.arange(480) / 7.6)), "value is missing (NaN)"),
-        (np.full(480, 250.0), "traffic history is constant"),
-        (100 + 50 * np.sin(np.arange(60) / 7.6), "(twice test_days: train, then backtest)"),
-    ],
-    ids=["nan", "constant", "too-short"],
-)
-def test_bad_history_fails_validation_and_changes_no_alias(airflow_home, values, message):
-    _store(airflow_home, values)
+def test_bad_history_fails_validation_and_changes_no_alias(airflow_home):
+    """A failed validation fails the run before anything is registered. Each bad history's
+    message: tests/pipelines/test_forecaster_steps.py."""
+    _store(airflow_home, np.full(480, 250.0))
     run = airflow_home.run("kale_forecaster_retrain", {"forecaster": "seasonal", "history_days": 10,
                                                        "auto_promote": True})
     assert run.state == "failed"
     assert run.tasks["validate"] == "failed" and run.tasks["register"] != "success"
-    assert message in run.log
+    assert "traffic history is constant" in run.log
     assert alias_version(airflow_home.mlflow_uri, FORECASTER_MODEL, "challenger") is None
 
 
