@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import Param, dag, task
 
 from kale_airflow.config import dag_id
-from kale_airflow.config.schedules import deployment_jobs, job_tags, schedule_from
+from kale_airflow.config.schedules import deployment_jobs, job_dag_args
 from kale_airflow.operators.failures import kale_default_args
 from kale_airflow.operators.promotion import model_asset
 from kale_airflow.operators.scale import ScaleWorkersOperator
@@ -56,13 +54,7 @@ def kale_autoscaler_dag(job: str):
     forecaster, throughput = job_models(job)
 
     @dag(
-        dag_id=dag_id("kale_autoscaler", job),
-        schedule=schedule_from("kale_autoscaler_schedule", "@continuous"),
-        start_date=datetime(2026, 1, 1),
-        catchup=False,
-        max_active_runs=1,
-        tags=job_tags(job),
-        doc_md=DOC,
+        **job_dag_args("kale_autoscaler", job, "@continuous", DOC),
         default_args=kale_default_args(retries=2, retry_delay_s=30),
         params={
             "poll_interval_s": Param(15, type="number", minimum=1, description="seconds between observations"),

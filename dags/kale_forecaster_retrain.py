@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from airflow.sdk import Param, dag, get_current_context, task
 
 from kale_airflow.config import dag_id
-from kale_airflow.config.schedules import deployment_jobs, job_tags, schedule_from
+from kale_airflow.config.schedules import deployment_jobs, job_dag_args
 from kale_airflow.operators.failures import kale_default_args, no_retry_on_permanent_errors
 from kale_airflow.operators.promotion import promotion_tasks
 from kale_airflow.registry.mlflow_registry import job_models
@@ -55,13 +53,7 @@ def kale_forecaster_retrain_dag(job: str):
     model = job_models(job)[0]
 
     @dag(
-        dag_id=dag_id("kale_forecaster_retrain", job),
-        schedule=schedule_from("kale_forecaster_retrain_schedule", "@daily"),
-        start_date=datetime(2026, 1, 1),
-        catchup=False,
-        max_active_runs=1,
-        tags=[*job_tags(job), "mlflow"],
-        doc_md=DOC,
+        **job_dag_args("kale_forecaster_retrain", job, "@daily", DOC, "mlflow"),
         default_args=kale_default_args(retries=2, retry_delay_s=300, backoff=True),
         params={
             "history_days": Param(14, type="number", exclusiveMinimum=0,

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from airflow.sdk import Param, dag, get_current_context, task
 
 from kale_airflow.config import dag_id
-from kale_airflow.config.schedules import deployment_jobs, job_tags, schedule_from
+from kale_airflow.config.schedules import deployment_jobs, job_dag_args
 from kale_airflow.operators.failures import kale_default_args, no_retry_on_permanent_errors
 from kale_airflow.operators.promotion import promotion_tasks
 from kale_airflow.registry.mlflow_registry import job_models
@@ -44,13 +42,7 @@ def kale_throughput_refit_dag(job: str):
     model = job_models(job)[1]
 
     @dag(
-        dag_id=dag_id("kale_throughput_refit", job),
-        schedule=schedule_from("kale_throughput_refit_schedule", "@hourly"),
-        start_date=datetime(2026, 1, 1),
-        catchup=False,
-        max_active_runs=1,
-        tags=[*job_tags(job), "mlflow"],
-        doc_md=DOC,
+        **job_dag_args("kale_throughput_refit", job, "@hourly", DOC, "mlflow"),
         default_args=kale_default_args(retries=2, retry_delay_s=300, backoff=True),
         params={
             "holdout_fraction": Param(0.2, type="number", minimum=0.05, maximum=0.5,

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from airflow.sdk import Param, dag, task
 
 from kale_airflow.config import dag_id
-from kale_airflow.config.schedules import deployment_jobs, job_tags
+from kale_airflow.config.schedules import deployment_jobs, job_dag_args
 from kale_airflow.operators.failures import kale_default_args
 from kale_airflow.operators.rebalance import RebalanceShardsOperator
 from kale_airflow.operators.worker_pod import (WorkerPodOperator, training_dag_max_active_tasks,
@@ -49,20 +47,14 @@ def kale_training_dag(job: str, deployment):
     settings at parse time (pool sizes and pod settings)."""
 
     @dag(
-        dag_id=dag_id("kale_training", job),
-        schedule=None,
-        start_date=datetime(2026, 1, 1),
-        catchup=False,
-        tags=job_tags(job),
-        doc_md=DOC,
+        # Warm pods outlive the run that started them: every run that owns a living pod stays
+        # running (at most one per slot), plus the newest generation's run.
+        **job_dag_args("kale_training", job, None, DOC, max_active_runs=deployment.max_workers + 1),
         # Transient faults retry (worker pods set their own retries); a generation that fails for
         # good (pods out of retries included) alerts through the configured notifier.
         default_args=kale_default_args(retries=2, retry_delay_s=30),
         # a whole generation of worker pod tasks plus the branch and argument tasks
         max_active_tasks=training_dag_max_active_tasks(deployment),
-        # Warm pods outlive the run that started them: every run that owns a living pod stays
-        # running (at most one per slot), plus the newest generation's run.
-        max_active_runs=deployment.max_workers + 1,
         params={"workers": Param(1, type=["integer", "string"], description="worker count of this generation"),
                 "generation": Param("manual", type="string", description="generation id (unique per run)")},
     )

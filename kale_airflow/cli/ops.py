@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from kale_airflow.config.environment import DEFAULT_JOB
+
 STATUS_DECISIONS = 5
 
 
@@ -83,7 +85,7 @@ def url_problems(env, dep) -> dict[str, list[str]]:
 
 
 # -------------------------------------------------------------------- status
-def _champions(uri: str, job: str = "default") -> list[dict] | str:
+def _champions(uri: str, job: str = DEFAULT_JOB) -> list[dict] | str:
     """Champion and challenger versions of a job's two models, or why MLflow could not be
     asked (a SQLite store that does not exist is not asked: asking would create it)."""
     from kale_airflow.cli.readonly import mlflow_problem
@@ -132,7 +134,7 @@ def status(now: float | None = None, decisions: int = STATUS_DECISIONS, models: 
     env = settings()
     doc: dict = {"kale_home": str(env.home), "kale_home_exists": env.home.is_dir(), "config_error": None,
                  "control_plane_error": control_plane_problem(env.database_url)}
-    deps: dict = {job or "default": None}
+    deps: dict = {job or DEFAULT_JOB: None}
     fleet = None
     try:
         full = load_deployment(env)
@@ -163,7 +165,7 @@ def _job_status(env, job: str, dep, problem: str | None, now: float, decisions: 
     return doc
 
 
-def _control_plane(url: str, dep, now: float, decisions: int, job: str = "default") -> dict:
+def _control_plane(url: str, dep, now: float, decisions: int, job: str = DEFAULT_JOB) -> dict:
     """A job's generation, workers, pin, recent decisions and the shadow comparison, from a
     database at head."""
     from kale_airflow.control.fleet import PIN_KEY

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import getpass
 
+from kale_airflow.config.environment import DEFAULT_JOB
 from kale_airflow.registry.mlflow_registry import FORECASTER_MODEL, THROUGHPUT_MODEL, job_models, job_of_model
 
 MODELS = {"forecaster": FORECASTER_MODEL, "throughput": THROUGHPUT_MODEL}
@@ -77,7 +78,7 @@ def _announce(database_url: str, result) -> str:
     try:
         if control_plane_problem(database_url):
             return f"no control-plane database to announce it in: {later}"
-        store = StateStore(database_url, job_of_model(result.model) or "default")
+        store = StateStore(database_url, job_of_model(result.model) or DEFAULT_JOB)
         announce(store, {"promoted": True, "version": result.version}, result.model)
     except KaleError as exc:
         return f"could not announce it in the control-plane database ({masked(exc)}): {later}"

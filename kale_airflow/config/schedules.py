@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+from datetime import datetime
+
+from kale_airflow.config.deployment import dag_id
+from kale_airflow.config.environment import DEFAULT_JOB
 
 
 def schedule_from(variable: str, default: str) -> str:
@@ -24,9 +28,25 @@ def deployment_jobs() -> dict:
     try:
         return dict(load_deployment(settings()).all_jobs)
     except ConfigError:
-        return {"default": Deployment(stream_url="unconfigured")}
+        return {DEFAULT_JOB: Deployment(stream_url="unconfigured")}
 
 
 def job_tags(job: str) -> list[str]:
     """The tags of a job's DAGs: ``kale``, and ``job:<name>`` in a deployment of several jobs."""
-    return ["kale"] if job == "default" else ["kale", f"job:{job}"]
+    return ["kale"] if job == DEFAULT_JOB else ["kale", f"job:{job}"]
+
+
+def job_dag_args(name: str, job: str, schedule: str | None, doc: str, *tags: str, **overrides) -> dict:
+    """The ``@dag`` arguments every Kale DAG of ``job`` shares: its id (``name`` or
+    ``name__job``), its schedule (``schedule`` unless ``<NAME>_SCHEDULE`` overrides it, see
+    :func:`schedule_from`; None: triggered only), no catch-up, one active run, the job's tags
+    plus ``tags``, and ``doc`` as its documentation; ``overrides`` add to or replace them."""
+    return {
+        "dag_id": dag_id(name, job),
+        "schedule": schedule_from(f"{name}_schedule", schedule) if schedule is not None else None,
+        "start_date": datetime(2026, 1, 1),
+        "catchup": False,
+        "max_active_runs": 1,
+        "tags": [*job_tags(job), *tags],
+        "doc_md": doc,
+    } | overrides

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from kale_airflow.config import Config, load_config
+from kale_airflow.config.environment import DEFAULT_JOB
 from kale_airflow.control.fleet import FleetLimits
 from kale_airflow.control.promotions import AnnouncedChampions, ManualApprovals
 from kale_airflow.core.policies import Decision, KalePolicy, Observation, Reason, build_kale
@@ -358,7 +359,7 @@ class ChampionSource(Protocol):
 class MlflowChampions:
     """A job's champions registered in MLflow under the ``champion`` alias."""
 
-    def __init__(self, uri: str, job: str = "default"):
+    def __init__(self, uri: str, job: str = DEFAULT_JOB):
         from kale_airflow.registry.mlflow_registry import job_models
 
         self.uri = uri

@@ -47,6 +47,7 @@ import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
+from kale_airflow.config.environment import DEFAULT_JOB
 from kale_airflow.core.policies import Decision, Observation, Reason
 
 log = logging.getLogger(__name__)
@@ -183,7 +184,7 @@ class StoreExporter:
     order (one exporter per job of a fleet)."""
 
     def __init__(self, url: str, metrics: DecisionMetrics | None = None, *, slo_s: float | None = None,
-                 slo_risk_fraction: float = 0.5, forecast_quantile: float | None = None, job: str = "default"):
+                 slo_risk_fraction: float = 0.5, forecast_quantile: float | None = None, job: str = DEFAULT_JOB):
         from kale_airflow.store.database import open_database
 
         self.db = open_database(url)

@@ -21,6 +21,7 @@ import math
 import time
 from collections.abc import Callable
 
+from kale_airflow.config.environment import DEFAULT_JOB
 from kale_airflow.registry.mlflow_registry import FORECASTER_MODEL, THROUGHPUT_MODEL, job_of_model
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ def asset_uri(model: str) -> str:
     job = job_of_model(model)
     for base, uri in ASSET_URIS.items():
         if job is not None and model.startswith(base):
-            return uri if job == "default" else f"{uri}/{job}"
+            return uri if job == DEFAULT_JOB else f"{uri}/{job}"
     raise KeyError(f"{model!r} is not a kale model; expected {' or '.join(ASSET_URIS)} (with -<job> for a job)")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from airflow.sdk import Asset
 from airflow.sdk.exceptions import AirflowSkipException
 
+from kale_airflow.config.environment import DEFAULT_JOB
 from kale_airflow.control.promotions import asset_uri
 
 
@@ -15,7 +16,7 @@ def model_asset(model: str) -> Asset:
 
 
 def review_challenger(model: str, metric: str, summary: dict, registered: dict, auto_promote: bool,
-                      job: str = "default") -> dict:
+                      job: str = DEFAULT_JOB) -> dict:
     """Promote the registered challenger if configured and winning on ``metric`` (lower is
     better), else tag it for review in MLflow and alert; returns the review's result."""
     from kale_airflow.config import settings
@@ -28,7 +29,7 @@ def review_challenger(model: str, metric: str, summary: dict, registered: dict, 
     return result
 
 
-def announce_promotion(result: dict, model: str, context, job: str = "default") -> dict:
+def announce_promotion(result: dict, model: str, context, job: str = DEFAULT_JOB) -> dict:
     """Body of an ``announce_champion`` task (outlet: :func:`model_asset`): after a promotion the
     asset event carries model and version and job ``job``'s control store records it (its
     autoscaler reloads); after a hold the task is skipped, so no asset event is emitted."""
@@ -43,7 +44,7 @@ def announce_promotion(result: dict, model: str, context, job: str = "default") 
     return extra
 
 
-def promotion_tasks(model: str, metric: str, job: str = "default"):
+def promotion_tasks(model: str, metric: str, job: str = DEFAULT_JOB):
     """The last two tasks of a retrain or refit DAG for ``model``: ``promote_or_hold(summary,
     registered)`` (:func:`review_challenger` on ``metric``, the run's ``auto_promote`` param)
     and ``announce_champion(result)`` (:func:`announce_promotion`, outlet :func:`model_asset`)."""

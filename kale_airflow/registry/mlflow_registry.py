@@ -33,6 +33,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from kale_airflow.config.environment import DEFAULT_JOB
 from kale_airflow.core.errors import KaleError
 from kale_airflow.registry.approvals import (
     APPROVED,
@@ -59,10 +60,10 @@ FORECASTER_MODEL = "kale-traffic-forecaster"
 THROUGHPUT_MODEL = "kale-throughput-model"
 
 
-def job_models(job: str = "default") -> tuple[str, str]:
+def job_models(job: str = DEFAULT_JOB) -> tuple[str, str]:
     """A job's registered models, (forecaster, throughput model): the plain names for the
     ``default`` job, ``<name>-<job>`` for the others (each job forecasts its own traffic)."""
-    if job == "default":
+    if job == DEFAULT_JOB:
         return FORECASTER_MODEL, THROUGHPUT_MODEL
     return f"{FORECASTER_MODEL}-{job}", f"{THROUGHPUT_MODEL}-{job}"
 

@@ -22,6 +22,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kale_airflow.config.environment import DEFAULT_JOB
+
 AWAIT_ADDED_S = 60.0  # how long a local generation trains on while a larger one's added slots start
 
 
@@ -46,7 +48,7 @@ class WorkerSpec:
     # The worker's --warm-wait: seconds a rank waits for the next generation after its own stops
     # (0: every generation is a new job).
     warm_wait_s: float = 0.0
-    job: str = "default"  # the worker's --job: the deployment's job whose control-plane rows it uses
+    job: str = DEFAULT_JOB  # the worker's --job: the deployment's job whose control-plane rows it uses
 
     def environment(self) -> dict[str, str]:
         """Environment variables every worker needs besides its command (``KALE_DATABASE_URL``)."""
@@ -70,7 +72,7 @@ class WorkerSpec:
         return cmd + self._options() + self.extra_args
 
     def _options(self) -> list[str]:
-        return ((["--job", self.job] if self.job != "default" else []) +
+        return ((["--job", self.job] if self.job != DEFAULT_JOB else []) +
                 (["--trainer", self.trainer] if self.trainer else []) +
                 (["--warm-wait", f"{self.warm_wait_s:g}"] if self.warm_wait_s > 0 else []))
 

@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 from tenacity import Retrying, retry_if_exception, stop_before_delay, wait_exponential
 
+from kale_airflow.config.environment import DEFAULT_JOB
 from kale_airflow.core.errors import KaleError
 
 log = logging.getLogger("kale.worker")
@@ -91,7 +92,7 @@ class ControlPlane:
         self._last_read = -float("inf")
 
     @classmethod
-    def for_url(cls, url: str, heartbeats: bool = True, job: str = "default", **kwargs) -> ControlPlane:
+    def for_url(cls, url: str, heartbeats: bool = True, job: str = DEFAULT_JOB, **kwargs) -> ControlPlane:
         """The link to job ``job``'s rows in the database at ``url`` (opened on first use;
         ``heartbeats=False``: a profiling job, which records throughput only)."""
         def opener():

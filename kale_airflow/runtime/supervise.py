@@ -52,6 +52,8 @@ import sys
 import time
 from pathlib import Path
 
+from kale_airflow.config.environment import DEFAULT_JOB
+
 MAX_BACKOFF_S = 60.0
 EXIT_DEPENDENCY = 75  # sysexits EX_TEMPFAIL: a dependency is unreachable; try again later
 EXIT_REFUSED = 78  # sysexits EX_CONFIG: the worker must not run as configured; a restart cannot help
@@ -90,7 +92,7 @@ def mark_failed(cmd: list[str], ranks: list[int]) -> None:
     try:
         from kale_airflow.store import StateStore
 
-        store = StateStore(url, option(cmd, "--job") or os.environ.get("KALE_JOB", "default"))
+        store = StateStore(url, option(cmd, "--job") or os.environ.get("KALE_JOB", DEFAULT_JOB))
         for r in ranks:
             store.worker_seen(generation, r, "failed")
         say(f"marked generation {generation}'s rank(s) {', '.join(map(str, ranks))} failed in the control plane")
@@ -341,7 +343,7 @@ class PoolSupervisor(JobSupervisor):
             if self._store is None:
                 from kale_airflow.store import StateStore
 
-                self._store = StateStore(self.url, option(self.cmd, "--job") or os.environ.get("KALE_JOB", "default"))
+                self._store = StateStore(self.url, option(self.cmd, "--job") or os.environ.get("KALE_JOB", DEFAULT_JOB))
             cur = self._store.current()
         except Exception as exc:  # noqa: BLE001 - an outage: keep what runs
             say(f"cannot read the current generation ({type(exc).__name__}); keeping the running slots")

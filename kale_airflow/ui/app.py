@@ -26,6 +26,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, Response
 
 from kale_airflow.config.deployment import dag_id
+from kale_airflow.config.environment import DEFAULT_JOB
 from kale_airflow.store.database import masked, masked_values
 
 TITLE, DESCRIPTION = "Kale", "Kale autoscaler: forecasts, workers and decisions"
@@ -40,7 +41,7 @@ def jobs_shown(job: str | None) -> list[str]:
     try:
         names = list(load_deployment(settings()).all_jobs)
     except ConfigError:
-        names = ["default"]
+        names = [DEFAULT_JOB]
     if job is None:
         return names
     if job not in names:
@@ -56,14 +57,14 @@ def can_read_kale(request: Request, user: GetUserDep) -> None:
         requires_access_dag("GET", param_dag_id=dag_id(AUTOSCALER_DAG_ID, job))(request, user)
 
 
-def _store(job: str = "default"):  # pragma: no mutate block
+def _store(job: str = DEFAULT_JOB):  # pragma: no mutate block
     from kale_airflow.config import settings
     from kale_airflow.store import StateStore
 
     return StateStore(settings().database_url, job)
 
 
-def _state(limit: int = 500, job: str = "default") -> dict:  # pragma: no mutate block
+def _state(limit: int = 500, job: str = DEFAULT_JOB) -> dict:  # pragma: no mutate block
     from kale_airflow.config import settings
 
     store = _store(job)
@@ -101,7 +102,7 @@ def _fleet() -> list[dict]:  # pragma: no mutate block
     return masked_values(rows)
 
 
-def _shadow(store, job: str = "default") -> dict | None:  # pragma: no mutate block
+def _shadow(store, job: str = DEFAULT_JOB) -> dict | None:  # pragma: no mutate block
     """Shadow mode: Kale's decisions against the worker counts that actually ran, with the
     GPU-hours and the (fluid-model) freshness each had or would have had; None without
     shadow decisions."""
@@ -120,7 +121,7 @@ def _shadow(store, job: str = "default") -> dict | None:  # pragma: no mutate bl
     return compare(rows, gpus, poll, slo) | {"on": bool(rows[-1].get("shadow")), "gpus_per_worker": gpus}
 
 
-def _models(cfg, job: str = "default") -> list[dict]:  # pragma: no mutate block
+def _models(cfg, job: str = DEFAULT_JOB) -> list[dict]:  # pragma: no mutate block
     """A job's champion and challenger versions with links into the MLflow UI (empty if unreachable)."""
     from kale_airflow.registry.mlflow_registry import (
         CHALLENGER,
@@ -161,7 +162,7 @@ def state(job: str | None = None) -> dict:  # pragma: no mutate block
     return _state(job=one) if one else {"fleet": _fleet()}
 
 
-def _figure_settings(job: str = "default") -> tuple[float | None, float | None, int]:  # pragma: no mutate block
+def _figure_settings(job: str = DEFAULT_JOB) -> tuple[float | None, float | None, int]:  # pragma: no mutate block
     """The job's freshness SLO, planned forecast quantile, and how many decisions make a day
     at its poll interval; (None, None, 2000) when its configuration cannot be read."""
     from kale_airflow.config import ConfigError, load_config
@@ -252,7 +253,7 @@ def page(job: str | None = None) -> str:  # pragma: no mutate block
         return _fleet_page(_fleet())
     s = _state(200, one)
     cur = s["current"] or {}
-    title = "Kale autoscaler" + ("" if one == "default" else f": {html.escape(one)}")
+    title = "Kale autoscaler" + ("" if one == DEFAULT_JOB else f": {html.escape(one)}")
     plot_src = "plot.png" if job is None else f"plot.png?job={html.escape(one)}"
     rows = "".join(
         f"<tr class='{'change' if d['target'] != d['workers'] else ''}'><td>{time.strftime('%H:%M:%S', time.localtime(d['ts']))}</td>"

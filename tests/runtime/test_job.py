@@ -1,0 +1,201 @@
+"""A rank process's generations (:class:`~kale_airflow.runtime.worker.Job`) in process: which
+generation a waiting rank joins, when it leaves, the heartbeat it leaves behind, and one warm
+process through three generations of one rank. The multi-process runs: test_warm_rescale.py."""
+
+import threading
+import time
+
+import pytest
+
+from kale_airflow.runtime import worker as worker_module
+from kale_airflow.runtime.control_plane import ControlPlane
+from kale_airflow.runtime.samples import generate, pack
+from kale_airflow.runtime.supervise import free_port
+from kale_airflow.runtime.worker import Job, build_arg_parser
+from kale_airflow.store import StateStore
+from kale_airflow.stream.embedded import EmbeddedStream
+
+ONE_SLICE = {"0": [["0", 1.0]]}
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch):
+    """A stream with data, the control store (written to at once: no writer thread) and a
+    factory of rank processes on them."""
+    monkeypatch.setattr(worker_module, "_signalled", [])
+    stream = EmbeddedStream(tmp_path / "s.db", partitions=1)
+    for chunk in range(3):
+        stream.append(0, pack(generate(500, chunk)))
+    store = StateStore(tmp_path / "kale.db")
+
+    def job(*extra: str, slot: int = 0) -> Job:
+        args = build_arg_parser().parse_args([
+            "--stream", f"sqlite:///{tmp_path / 's.db'}", "--worker-id", str(slot), "--checkpoint-dir",
+            str(tmp_path / "ck"), "--batch-size", "50", "--checkpoint-every", "2", "--device", "cpu",
+            "--report-every", "0", "--generation-poll", "0.01", *extra])
+        return Job(args, ControlPlane.of(store, background=False))
+
+    return store, job
+
+
+def warm(job, slot: int = 0, wait_s: float = 5.0) -> Job:
+    return job("--warm-wait", str(wait_s), "--rendezvous", f"127.0.0.1:{free_port()}", slot=slot)
+
+
+def name(store: StateStore, generation: str, workers: int, assignment: dict | None = ONE_SLICE) -> None:
+    """What the autoscaler (the generation and its size) and the rebalance (its assignment) write."""
+    store.set_current_generation(generation, workers)
+    if assignment is not None:
+        assert store.put("default", generation, workers, {"assignment": assignment})
+
+
+def state_of(store: StateStore, generation: str, slot: int = 0) -> str | None:
+    return (store.workers_seen(generation).get(slot) or {}).get("state")
+
+
+def test_a_new_rank_joins_the_named_generation_once_it_is_assigned_and_says_ready_before(world):
+    store, job = world
+    name(store, "g1", 1, assignment=None)  # decided, not yet rebalanced
+    rank = warm(job)
+    threading.Timer(0.3, lambda: store.put("default", "g1", 1, {"assignment": ONE_SLICE})).start()
+    t0 = time.monotonic()
+    assert rank.await_target(after=None) == ("g1", {"assignment": ONE_SLICE})
+    assert time.monotonic() - t0 >= 0.25  # it waited for the assignment
+    assert state_of(store, "g1") == "ready"  # the old generation's ranks train on until then
+
+
+def test_a_rank_never_rejoins_the_generation_it_trained_and_beats_warm_while_it_waits(world, monkeypatch):
+    store, job = world
+    monkeypatch.setattr(worker_module, "WARM_BEAT_S", 0.05)
+    name(store, "g1", 1)
+    rank = warm(job, wait_s=0.4)
+    t0 = time.monotonic()
+    assert rank.await_target(after="g1") is None  # g1 is the one it trained: it waits out --warm-wait
+    assert 0.4 <= time.monotonic() - t0 < 3
+    seen = store.workers_seen("g1")[0]
+    assert seen["state"] == "stopped"  # it left, and says so for the next generation's pods
+    assert state_of(store, "g1") != "ready"
+
+
+def test_a_waiting_rank_beats_warm_for_the_generation_it_trained(world, monkeypatch):
+    store, job = world
+    monkeypatch.setattr(worker_module, "WARM_BEAT_S", 0.05)
+    name(store, "g1", 1)
+    rank = warm(job, wait_s=5)
+    beats = []
+    threading.Timer(0.3, lambda: (beats.append(state_of(store, "g1")), name(store, "g2", 1))).start()
+    assert rank.await_target(after="g1") == ("g2", {"assignment": ONE_SLICE})
+    assert beats == ["warm"]
+    assert state_of(store, "g2") is None  # a rank that trained before says ready only as a new one
+
+
+def test_a_slot_the_next_generation_has_no_room_for_leaves_at_once_saying_stopped(world):
+    store, job = world
+    name(store, "g2", 1)
+    rank = warm(job, slot=1, wait_s=5)
+    t0 = time.monotonic()
+    assert rank.await_target(after="g1") is None
+    assert time.monotonic() - t0 < 4  # at once, not at the end of --warm-wait
+    assert state_of(store, "g1", slot=1) == "stopped"
+    assert state_of(store, "g2", slot=1) is None
+
+
+def test_a_new_rank_left_out_of_the_named_generation_leaves_without_a_heartbeat(world):
+    store, job = world
+    name(store, "g1", 2, assignment={"0": [["0", 1.0]], "1": []})
+    rank = warm(job, slot=2, wait_s=5)
+    assert rank.await_target(after=None) is None
+    assert store.workers_seen("g1") == {}
+
+
+def test_a_signal_ends_the_wait(world, monkeypatch):
+    _, job = world
+    rank = warm(job, wait_s=5)
+    monkeypatch.setattr(worker_module, "_signalled", [15])
+    t0 = time.monotonic()
+    assert rank.await_target(after=None) is None
+    assert time.monotonic() - t0 < 4
+
+
+@pytest.mark.parametrize("reason, current, slot, expect", [
+    ("stopped", ("g2", 1), 0, "warm"),       # a newer generation with room: wait for it
+    ("stopped", ("g1", 1), 0, "stopped"),    # still the current one (stopped by hand): leave
+    ("stopped", ("g2", 1), 1, "stopped"),    # the newer one has no room for this slot
+    ("max_steps", ("g2", 1), 0, "stopped"),  # stopped for another reason than a newer generation
+])
+def test_the_last_heartbeat_of_a_generation_says_whether_this_rank_waits(world, reason, current, slot, expect):
+    store, job = world
+    name(store, *current)
+    rank = warm(job, slot=slot)
+    assert rank.final_state({"reason": reason, "generation": "g1"}) == expect
+    assert rank.next == (worker_module.WAIT if expect == "warm" else worker_module.LEAVE)
+
+
+def test_a_rank_of_one_generation_never_waits(world):
+    store, job = world
+    name(store, "g2", 1)
+    rank = job("--assignment", '{"0": [["0", 1.0]]}')
+    assert rank.final_state({"reason": "stopped", "generation": "g1"}) == "stopped"
+    assert rank.next == worker_module.LEAVE
+
+
+def test_the_decision_time_is_the_named_generations_only(world):
+    store, job = world
+    rank = job("--assignment", '{"0": [["0", 1.0]]}')
+    assert rank._decided("g1") is None  # nothing named
+    before = time.time()
+    store.set_current_generation("g1", 1)
+    assert before <= rank._decided("g1") <= time.time()
+    assert rank._decided("g0") is None  # an older generation's rank
+    rank.link = None
+    assert rank._decided("g1") is None
+
+
+def test_a_rank_of_one_generation_trains_its_assignment_then_exits(world, tmp_path):
+    store, job = world
+    store.set_current_generation("7", 1)
+    rank = job("--assignment", '{"0": [["0", 1.0]]}', "--generation", "7", "--max-steps", "4")
+    assert rank.serve() == 0
+    assert rank.generation == "7" and state_of(store, "7") == "stopped"
+    assert (tmp_path / "ck" / "model.pt").exists()
+
+
+def test_more_than_one_rank_needs_a_rendezvous(world):
+    _, job = world
+    rank = job("--assignment", '{"0": [["0", 1.0]], "1": [["0", 1.0]]}', "--max-steps", "1")
+    with pytest.raises(SystemExit, match="needs --rendezvous"):
+        rank.serve()
+
+
+def test_the_world_is_the_assignments_size_unless_given(world):
+    _, job = world
+    rank = job("--assignment", "{}", "--workers-total", "3")
+    with pytest.raises(SystemExit, match="needs --rendezvous"):  # 3 ranks, not the assignment's 0
+        rank.train("g1", {"assignment": {}})
+
+
+def test_one_warm_process_trains_generation_after_generation_until_its_slot_is_left_out(world):
+    """g1 trains; g2 supersedes it: the process stays and continues the model in g2 (its
+    step counter goes on); g3 has no room for slot 0: the process ends with exit code 0."""
+    store, job = world
+    name(store, "g1", 1)
+    rank = warm(job)
+    steps = {}
+
+    def later():
+        for gen, workers in (("g2", 1), ("g3", 0)):
+            deadline = time.monotonic() + 10
+            while state_of(store, rank.generation or "-") != "running" and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(0.3)  # a few steps
+            steps[rank.generation] = True
+            name(store, gen, workers, assignment=ONE_SLICE if workers else None)
+
+    driver = threading.Thread(target=later)
+    driver.start()
+    assert rank.serve() == 0
+    driver.join()
+    assert list(steps) == ["g1", "g2"] and rank.generation == "g2"
+    assert state_of(store, "g1") == "warm" and state_of(store, "g2") == "stopped"
+    kinds = [store.get_value(f"rescale/{g}") for g in ("g1", "g2")]
+    assert kinds[1] is not None and kinds[1]["kind"] == worker_module.WARM
