@@ -168,7 +168,7 @@ def _job_status(env, job: str, dep, problem: str | None, now: float, decisions: 
 def _control_plane(url: str, dep, now: float, decisions: int, job: str = DEFAULT_JOB) -> dict:
     """A job's generation, workers, pin, recent decisions and the shadow comparison, from a
     database at head."""
-    from kale_airflow.control.fleet import PIN_KEY
+    from kale_airflow.control.fleet import active_pin
     from kale_airflow.control.shadow import SHADOW_WINDOW, compare
     from kale_airflow.store import StateStore
 
@@ -191,8 +191,7 @@ def _control_plane(url: str, dep, now: float, decisions: int, job: str = DEFAULT
         "by_generation": {g: sorted(w for gg, w, _ in fresh if gg == g) for g in sorted({g for g, _, _ in fresh})},
     }
     doc["rescale"] = _last_rescale(store, current_gen)
-    pin = store.get_value(PIN_KEY) or {}
-    doc["pin"] = pin if pin.get("workers") is not None and pin["until"] > now else None
+    doc["pin"] = active_pin(store, now)
     recent = store.decisions(decisions)
     doc["decisions"] = [{"ts": d["ts"], "workers": d["workers"], "target": d["target"], "reason": d["reason"],
                          "message": d["message"], "applied": d.get("applied")} for d in recent]

@@ -47,6 +47,12 @@ def release(store) -> dict | None:
     return had or None
 
 
+def active_pin(store, now: float | None = None) -> dict | None:
+    """The job's pin record (``workers``, ``until``, ``note``, ``since``) while it holds, else None."""
+    rec = store.get_value(PIN_KEY) or {}
+    return rec if rec.get("workers") is not None and rec["until"] > (time.time() if now is None else now) else None
+
+
 def pins_of(store) -> tuple[Pin, ...]:
     """The job's pin, if one is recorded (expired ones too: :func:`bounds_at` ignores them)."""
     rec = store.get_value(PIN_KEY) or {}

@@ -27,6 +27,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from kale_airflow.config.deployment import dag_id
 from kale_airflow.config.environment import DEFAULT_JOB
+from kale_airflow.control.fleet import active_pin
 from kale_airflow.store.database import masked, masked_values
 
 TITLE, DESCRIPTION = "Kale", "Kale autoscaler: forecasts, workers and decisions"
@@ -69,15 +70,7 @@ def _state(limit: int = 500, job: str = DEFAULT_JOB) -> dict:  # pragma: no muta
 
     store = _store(job)
     return masked_values({"job": job, "decisions": store.decisions(limit), "current": store.current(),
-                          "models": _models(settings(), job), "shadow": _shadow(store, job), "pin": _pin(store)})
-
-
-def _pin(store) -> dict | None:  # pragma: no mutate block
-    """The job's pin (``kale pin``) while it holds, else None."""
-    from kale_airflow.control.fleet import PIN_KEY
-
-    pin = store.get_value(PIN_KEY) or {}
-    return pin if pin.get("workers") is not None and pin["until"] > time.time() else None
+                          "models": _models(settings(), job), "shadow": _shadow(store, job), "pin": active_pin(store)})
 
 
 def _fleet() -> list[dict]:  # pragma: no mutate block
@@ -98,7 +91,7 @@ def _fleet() -> list[dict]:  # pragma: no mutate block
                      "asks": last.get("plan_workers", last.get("target")), "reason": last.get("reason"),
                      "message": last.get("message", ""), "freshness_lag_s": lag, "slo_s": slo_s,
                      "slo_ok": None if lag is None or slo_s is None else lag <= slo_s,
-                     "held_by_budget": last.get("reason") == "hold_budget", "pin": _pin(store)})
+                     "held_by_budget": last.get("reason") == "hold_budget", "pin": active_pin(store)})
     return masked_values(rows)
 
 

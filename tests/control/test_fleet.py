@@ -6,7 +6,7 @@ import pytest
 
 from kale_airflow.config import Config, Settings, parse_deployment
 from kale_airflow.control.autoscaler import Autoscaler
-from kale_airflow.control.fleet import DEMAND_KEY, FleetLimits, pin, release
+from kale_airflow.control.fleet import DEMAND_KEY, FleetLimits, active_pin, pin, release
 from kale_airflow.control.generations import Generations, decision_event
 from kale_airflow.core.fleet import JobDemand
 from kale_airflow.core.policies import Decision, Observation, Reason
@@ -117,3 +117,12 @@ def test_a_calendar_window_raises_the_floor_inside_it_only(tmp_path):
     assert inside.workers == 6 and inside.reason == Reason.OVERRIDE and "final" in inside.message
     outside = limits.apply(Decision(2, Reason.HOLD), obs, seven_pm + 5 * 3600)
     assert outside.workers == 2 and outside.reason == Reason.HOLD
+
+
+def test_a_pin_is_shown_while_it_holds_only(tmp_path):
+    store = StateStore(tmp_path / "kale.db")
+    assert active_pin(store) is None
+    rec = pin(store, 3, until_s=NOW + 60, note="launch", now=NOW)
+    assert active_pin(store, NOW + 59) == rec and active_pin(store, NOW + 60) is None  # ends at its `until`
+    release(store)
+    assert active_pin(store, NOW) is None
