@@ -168,6 +168,40 @@ def test_first_start_starts_at_the_plans_count_within_the_limits(rate, lo, expec
     assert expected[0] <= d.workers <= expected[1] and d.reason == Reason.SCALE_UP_FORECAST
 
 
+def test_first_start_plans_from_nothing_running_and_carries_the_plans_figures():
+    """A start pays the pause at every count: the plan is made from 0 workers and no backlog,
+    whatever the observation says about the workers that are gone."""
+    policy = kale([20000.0] * 40)
+    d = policy.first_start(obs(0, 0, 20000.0, backlog=5e6, fresh=250.0))
+    fresh = kale([20000.0] * 40).plan(obs(0, 0, 20000.0))
+    assert d.workers == fresh.target and d.details == fresh.details(0)
+    assert d.details["stay_gpu_h"] is None or d.details["stay_gpu_h"] > d.details["plan_gpu_h"]
+    assert d.message == f"no training generation is running; starting {d.workers} worker(s)"
+
+
+def test_first_start_without_a_measured_throughput_starts_the_floor_and_says_why():
+    capacity = OnlineThroughput([], [], max_workers=64)
+    policy = KalePolicy(Limits(3, 64), OracleForecastSource(0.0, TICK, np.full(80, 4000.0)), capacity, CFG)
+    d = policy.first_start(obs(0, 0, 4000.0))
+    assert (d.workers, d.reason, d.details) == (3, Reason.SCALE_UP_FORECAST, {})
+    assert d.message == "no training generation is running and no throughput is measured yet; starting 3"
+
+
+def test_a_plans_figures_are_its_costs_in_gpu_hours_and_its_rates():
+    from kale_airflow.core.policies.kale import Plan
+
+    cost = np.array([np.inf, 7200.0, 5400.0, 9000.0])
+    plan = Plan(target=2, cost=cost, slo_ok=np.ones(4, bool), freshness_s=np.zeros(4), rate=1234.56789,
+                peak=2345.67891, source="forecast")
+    assert plan.details(1) == {"plan_workers": 2, "plan_gpu_h": 1.5, "stay_gpu_h": 2.0, "planned_rate": 1234.568,
+                               "forecast_peak": 2345.679, "source": "forecast"}
+    assert plan.details(0)["stay_gpu_h"] is None  # staying at 0 is not allowed (inf)
+    assert plan.details(4)["stay_gpu_h"] is None  # a count beyond the plan's table
+    assert plan.details(3)["stay_gpu_h"] == 2.5
+    assert Plan(1, np.array([0.0, 1.23456 * 3600]), np.ones(2, bool), np.zeros(2), 0.0, 0.0, "x").details(1)[
+        "plan_gpu_h"] == 1.2346  # rounded to 4 places
+
+
 def test_state_round_trips_the_persistence_window():
     bins = [20000] * 2 + [30000] * 30
     p = kale(bins)
