@@ -276,6 +276,11 @@ class Deployment(BaseModel):
     bin_s: float = Field(300.0, gt=0, description="Seconds per bin of the traffic history the autoscaler records "
                                                   "and forecasts from.")
     worker_batch_size: int = Field(512, ge=1, description="Samples per training step and rank.")
+    worker_checkpoint_every_s: float = Field(
+        60.0, ge=0, description="At most this many seconds of training between the workers' checkpoints and the stream "
+                                "commits they carry (more often every 50 steps): the autoscaler measures the backlog "
+                                "and the freshness lag from the commits, and a crash replays since the last one; "
+                                "keep it well below `slo_s`. 0: every 50 steps only.")
     worker_step_time_s: float = Field(0.0, ge=0, description="Emulated accelerator step time per batch, for demos "
                                                              "on CPU (0: no emulation).")
     worker_device: Literal["auto", "cpu", "cuda"] = Field(

@@ -44,6 +44,9 @@ Read where they are used (listed here so that one place names every variable):
   deployment's ``trainer``);
 - ``KALE_WARM_WAIT_S``: a worker's default ``--warm-wait`` (seconds a rank waits for the next
   generation after its own stops; 0: one generation per process);
+- ``KALE_CHECKPOINT_EVERY_S``: a worker's default ``--checkpoint-every-s`` (at most this many
+  seconds of training between checkpoints and the commits they carry; the deployment's
+  ``worker_checkpoint_every_s``);
 - ``KALE_JOB``: a worker's default ``--job`` and the decision exporter's ``--job``: the
   deployment's job whose control-plane rows it uses (``jobs:`` in the deployment file;
   default ``default``);

@@ -258,6 +258,7 @@ class Generations:
 
         dep = self.config.deployment
         step = ["--step-time", str(dep.worker_step_time_s)] if dep.worker_step_time_s else []
+        step += ["--checkpoint-every-s", f"{dep.worker_checkpoint_every_s:g}"]
         return WorkerSpec(dep.stream_url, checkpoint_dir, dep.group, database_url, dep.worker_batch_size, step,
                           device=dep.worker_device, amp=dep.worker_amp, trainer=dep.trainer,
                           warm_wait_s=dep.worker_warm_wait_s, job=dep.job)

@@ -235,7 +235,7 @@ class Worker:
                  checkpoint_every: int = 50, metrics=None, control=None, audit: str | Path | None = None,
                  seed: int = 0, step_time_s: float = 0.0, step_log: str | Path | None = None,
                  device: str = "auto", amp: bool = False, allow_fresh_model: bool = False, trainer=None,
-                 replica: Replica | None = None):  # pragma: no mutate block
+                 replica: Replica | None = None, checkpoint_every_s: float | None = None):  # pragma: no mutate block
         import torch.distributed as dist
 
         self.stream, self.group, self.slices = stream, group, slices
@@ -249,6 +249,10 @@ class Worker:
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         self.worker_id, self.generation, self.workers_total = worker_id, generation, workers_total
         self.batch_size, self.checkpoint_every = batch_size, checkpoint_every
+        # At most this long between checkpoints (None: by steps only): the commits a checkpoint
+        # carries are what the autoscaler measures the backlog from, and a crash replays from them.
+        self.checkpoint_every_s = checkpoint_every_s
+        self._checkpoint_t = time.monotonic()
         # ``control``: a ControlPlane (the worker command's), or a StateStore and/or metrics to wrap in one,
         # so no control-plane write ever stops training.
         self.link = control if isinstance(control, ControlPlane) else (
@@ -357,6 +361,7 @@ class Worker:
     def checkpoint(self) -> Path:
         """Collective: rank 0 writes the trainer's state, step and every rank's slice positions
         atomically, then commits those positions to the stream (commits follow the checkpoint)."""
+        self._checkpoint_t = time.monotonic()
         mine = [(s.partition, s.lo, s.hi, int(o)) for s, o in self.positions.items()]
         everyone = [row for rows in self._gather(mine) for row in rows]
         self._checkpointed = everyone
@@ -573,8 +578,9 @@ class Worker:
         batch = self.trainer.decode(payloads) if payloads else Decoded(None, 0, 0)
         self.malformed += batch.malformed
         n = batch.samples
-        total, stops, dry, reads = self._all_sum([n, float(stop), float(n == 0), read])
+        total, stops, dry, reads, due = self._all_sum([n, float(stop), float(n == 0), read, float(self._time_due())])
         total = int(total)
+        self.checkpoint_due = due > 0  # rank 0's clock decides for every rank
         self._dry = self._dry or dry > 0
         self.idle = reads == 0  # no rank read anything
         if stops:
@@ -597,6 +603,11 @@ class Worker:
         self._window_samples += total
         return n, total, False
 
+    def _time_due(self) -> bool:
+        """Rank 0: whether ``checkpoint_every_s`` has passed since the last checkpoint."""
+        return (self.rank == 0 and self.checkpoint_every_s is not None
+                and time.monotonic() - self._checkpoint_t >= self.checkpoint_every_s)
+
     def train_batch(self, batch, weight: float = 1.0, total: int | None = None):
         """The trainer's step on this rank's batch, scaled so DDP's gradient average is the
         global batch's mean gradient (``total``: the global batch's samples; default this
@@ -606,6 +617,7 @@ class Worker:
 
     _window_start: float | None = None
     _window_samples: int = 0
+    checkpoint_due: bool = False
     _dry: bool = False
     idle: bool = False
 
@@ -681,7 +693,7 @@ class Worker:
                 on_first_step = None
             if stop:
                 break
-            if total and self.steps % self.checkpoint_every == 0:
+            if total and (self.steps % self.checkpoint_every == 0 or self.checkpoint_due):
                 self.checkpoint()
             if self.idle:
                 if exit_when_idle:
@@ -908,7 +920,8 @@ class Job:
         worker = Worker(self.stream, args.group, slices, args.checkpoint_dir, self.slot, generation, total,
                         args.batch_size, checkpoint_every=args.checkpoint_every, control=self.link, audit=args.audit,
                         step_time_s=args.step_time, step_log=args.step_log, device=args.device, amp=args.amp,
-                        allow_fresh_model=args.allow_fresh_model, replica=self.replica)
+                        allow_fresh_model=args.allow_fresh_model, replica=self.replica,
+                        checkpoint_every_s=args.checkpoint_every_s or None)
         self._identify(worker, generation, total)
         log.info("joined a job of %d rank(s) (%s) on %s%s, generation %s as rank %d, %d slice(s), state from %s at "
                  "step %d", total, torch.distributed.get_backend() if worker.distributed else "no process group",
@@ -988,6 +1001,10 @@ def build_arg_parser() -> argparse.ArgumentParser:  # pragma: no mutate block
     ap.add_argument("--checkpoint-dir", required=True)
     ap.add_argument("--batch-size", type=int, default=512, help="samples per rank and step (at most)")
     ap.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints (and commits)")
+    ap.add_argument("--checkpoint-every-s", type=float, default=float(os.environ.get("KALE_CHECKPOINT_EVERY_S", "60")),
+                    help="at most this many seconds of training between checkpoints (and commits), whatever "
+                    "--checkpoint-every says: the autoscaler measures the backlog from the commits, and a crash "
+                    "replays since the last one (default $KALE_CHECKPOINT_EVERY_S, else 60; 0: by steps only)")
     ap.add_argument("--database-url", help="control-plane database to record throughput into and to read the "
                     "current generation from (local use; default: the KALE_DATABASE_URL environment variable, "
                     "which keeps a password out of process listings and pod specs)")

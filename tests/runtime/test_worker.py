@@ -43,6 +43,30 @@ def test_worker_learns_and_commits_only_what_a_checkpoint_holds(stream, tmp_path
     assert stream.lag("g/p0:0.000000-1.000000") == {0: 0, 1: 4000, 2: 4000}  # per-slice groups
 
 
+def test_a_checkpoint_comes_at_least_every_checkpoint_every_s_of_training(stream, tmp_path):
+    """Bug: commits every 50 steps only, so at a low rate (or on a slow step) the backlog the
+    autoscaler measures from the commits held a minute of samples the model already had."""
+    w = Worker(stream, "g", [Slice(0)], tmp_path / "ck", batch_size=100, checkpoint_every=1000,
+               checkpoint_every_s=30.0)
+    w.step()
+    assert not w.checkpoint_due  # well under 30 s since the worker started
+    w._checkpoint_t -= 30.0  # 30 s of training since then
+    w.step()
+    assert w.checkpoint_due
+    w.checkpoint()
+    w.step()
+    assert not w.checkpoint_due  # the clock starts again at each checkpoint
+    w._checkpoint_t -= 30.0
+    w.run(max_steps=3)  # one checkpoint after its first step (due), one at the end
+    previous = torch.load(w.previous_path, weights_only=False)
+    assert previous["steps"] == 4 and torch.load(w.checkpoint_path, weights_only=False)["steps"] == 6
+
+    steps_only = Worker(stream, "h", [Slice(0)], tmp_path / "ck2", batch_size=100, checkpoint_every=1000)
+    steps_only._checkpoint_t -= 1e6
+    steps_only.run(max_steps=3)
+    assert not steps_only.checkpoint_due and not steps_only.previous_path.exists()  # by steps only
+
+
 def test_slices_of_one_partition_never_overlap_and_cover_it(stream, tmp_path):
     doc = {"assignment": {"0": [["0", 0.3]], "1": [["0", 0.7]]}}
     s0, s1 = slices_for(doc, 0), slices_for(doc, 1)
