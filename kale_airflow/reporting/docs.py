@@ -276,14 +276,15 @@ def chart_values_table(schema: dict | None = None, values_text: str | None = Non
 
 # ------------------------------------------------------------------ mutation testing
 def mutation_table(path: Path | None = None) -> str:
-    """Per mutated module: mutants killed, surviving (of them explained) and the score, from
-    the result file ``make mutation`` writes."""
+    """Per mutated module: mutants killed, surviving (of them explained), not run within the
+    budget, and the score, from the result file ``make mutation`` writes."""
     doc = json.loads((path or ROOT / "benchmarks" / "results" / "mutation.json").read_text())
-    rows = [[f"`{name}`", m["killed"], f"{m['survived']} ({m['explained']} explained)",
+    rows = [[f"`{name}`", m["killed"], f"{m['survived']} ({m['explained']} explained)", m.get("not_run", 0),
              "-" if m["score"] is None else f"{m['score']:.2f}"] for name, m in doc["modules"].items()]
-    summary = (f"{doc['ran']:,} mutants run, score {doc['score']}, {doc['unexplained']} survivor(s) not yet "
-               f"killed or explained (from `benchmarks/results/mutation.json`).")
-    return summary + "\n\n" + _table(["module", "killed", "survived", "score"], rows) + "\n"
+    summary = (f"{doc['ran']:,} mutants run{'' if doc.get('finished', True) else ' (the time budget ran out)'}, "
+               f"score {doc['score']}, {doc['unexplained']} survivor(s) not yet killed or explained (from "
+               "`benchmarks/results/mutation.json`).")
+    return summary + "\n\n" + _table(["module", "killed", "survived", "not run", "score"], rows) + "\n"
 
 
 def fleet_poke() -> str:
