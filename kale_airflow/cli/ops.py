@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from kale_airflow.config.environment import DEFAULT_JOB
+from kale_airflow.core.jobs import DEFAULT_JOB
 
 STATUS_DECISIONS = 5
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import getpass
 
-from kale_airflow.config.environment import DEFAULT_JOB
+from kale_airflow.core.jobs import DEFAULT_JOB
 from kale_airflow.registry.mlflow_registry import FORECASTER_MODEL, THROUGHPUT_MODEL, job_models, job_of_model
 
 MODELS = {"forecaster": FORECASTER_MODEL, "throughput": THROUGHPUT_MODEL}

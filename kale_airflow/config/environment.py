@@ -76,7 +76,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DEFAULT_JOB = "default"  # the job of a single-job deployment (no job in its DAG ids, models or paths)
+from kale_airflow.core.jobs import DEFAULT_JOB
+
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import os
 from datetime import datetime
 
 from kale_airflow.config.deployment import dag_id
-from kale_airflow.config.environment import DEFAULT_JOB
+from kale_airflow.core.jobs import DEFAULT_JOB
 
 
 def schedule_from(variable: str, default: str) -> str:

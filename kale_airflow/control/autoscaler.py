@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from kale_airflow.config import Config, load_config
-from kale_airflow.config.environment import DEFAULT_JOB
+from kale_airflow.core.jobs import DEFAULT_JOB
 from kale_airflow.control.fleet import FleetLimits
 from kale_airflow.control.promotions import AnnouncedChampions, ManualApprovals
 from kale_airflow.core.policies import Decision, KalePolicy, Observation, Reason, build_kale

@@ -47,7 +47,7 @@ import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from kale_airflow.config.environment import DEFAULT_JOB
+from kale_airflow.core.jobs import DEFAULT_JOB
 from kale_airflow.core.policies import Decision, Observation, Reason
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ import math
 import time
 from collections.abc import Callable
 
-from kale_airflow.config.environment import DEFAULT_JOB
+from kale_airflow.core.jobs import DEFAULT_JOB
 from kale_airflow.registry.mlflow_registry import FORECASTER_MODEL, THROUGHPUT_MODEL, job_of_model
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from airflow.sdk import Asset
 from airflow.sdk.exceptions import AirflowSkipException
 
-from kale_airflow.config.environment import DEFAULT_JOB
+from kale_airflow.core.jobs import DEFAULT_JOB
 from kale_airflow.control.promotions import asset_uri
 
 

@@ -33,7 +33,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from kale_airflow.config.environment import DEFAULT_JOB
+from kale_airflow.core.jobs import DEFAULT_JOB
 from kale_airflow.core.errors import KaleError
 from kale_airflow.registry.approvals import (
     APPROVED,

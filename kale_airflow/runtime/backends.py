@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kale_airflow.config.environment import DEFAULT_JOB
+from kale_airflow.core.jobs import DEFAULT_JOB
 
 AWAIT_ADDED_S = 60.0  # how long a local generation trains on while a larger one's added slots start
 

@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 from tenacity import Retrying, retry_if_exception, stop_before_delay, wait_exponential
 
-from kale_airflow.config.environment import DEFAULT_JOB
+from kale_airflow.core.jobs import DEFAULT_JOB
 from kale_airflow.core.errors import KaleError
 
 log = logging.getLogger("kale.worker")

@@ -52,7 +52,7 @@ import sys
 import time
 from pathlib import Path
 
-from kale_airflow.config.environment import DEFAULT_JOB
+from kale_airflow.core.jobs import DEFAULT_JOB
 
 MAX_BACKOFF_S = 60.0
 EXIT_DEPENDENCY = 75  # sysexits EX_TEMPFAIL: a dependency is unreachable; try again later

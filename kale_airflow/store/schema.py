@@ -31,7 +31,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
-from kale_airflow.config.environment import DEFAULT_JOB
+from kale_airflow.core.jobs import DEFAULT_JOB
 
 # The revision this code reads and writes; a database at another one is upgraded or refused.
 HEAD_REVISION = "0003"

@@ -26,7 +26,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, Response
 
 from kale_airflow.config.deployment import dag_id
-from kale_airflow.config.environment import DEFAULT_JOB
+from kale_airflow.core.jobs import DEFAULT_JOB
 from kale_airflow.control.fleet import active_pin
 from kale_airflow.store.database import masked, masked_values
 
