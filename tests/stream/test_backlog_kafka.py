@@ -103,11 +103,11 @@ def test_the_requests_of_a_backlog_do_not_grow_with_the_slices(counted_kafka):
             assert set(others) == {"Metadata", "ListOffsets", "OffsetFetch"}, rows
             assert all(1 <= n <= 2 for n in others.values()), rows
         assert min(r["ListOffsets"] + r["OffsetFetch"] for r in rows) == 2, rows
-    # One fetch of every pending position together; librdkafka may send a second while the
-    # partitions of a new assignment start, and a loaded machine sees a retry or two, never one
-    # per slice (8 and 64).
-    assert min(r["Fetch"] for r in small) <= 4 and min(r["Fetch"] for r in large) <= 4, (small, large)
-    assert max(r["Fetch"] for r in large) < 16  # per slice would be 64; a few retries on a loaded machine are not
+    # One fetch of every pending position together. librdkafka sends more while the partitions
+    # of a new assignment start (each joins the next Fetch once it is ready: 2-10 at 64
+    # partitions, measured), never one per slice: per slice would be 8 and 64.
+    assert min(r["Fetch"] for r in small) <= 4 and min(r["Fetch"] for r in large) <= 10, (small, large)
+    assert max(r["Fetch"] for r in large) < 16, large
 
 
 @pytest.mark.xfail(strict=True, reason="Tansu 0.6 drops commit metadata")
