@@ -43,10 +43,49 @@ CHECKPOINT_EVERY_S = 5
 RUN_DAG = r"""
 import json, sys
 from airflow.dag_processing.dagbag import DagBag
+from airflow.sdk.definitions import dag as sdk_dag
+from kale_airflow.cli.demo import logged_where_the_ui_reads
+sdk_dag._run_task = logged_where_the_ui_reads(sdk_dag._run_task)
 bag = DagBag(dag_folder=sys.argv[1])
 dr = bag.get_dag(sys.argv[2]).test(run_conf=json.loads(sys.argv[3]))
 print("KALE_STATE " + str(dr.state))
 """
+
+
+def logged_where_the_ui_reads(run_task):
+    """``dag.test()``'s task runner, each task's output (its log, prints and child processes
+    included) also written where Airflow's UI reads a task log: ``base_log_folder`` and the
+    run's log filename template, one file per try. ``dag.test()`` runs the tasks in its own
+    process and only prints their logs, so the UI would answer "Log file not found". Both file
+    descriptors go to the file while the task runs (the UI shows a running task's log as it
+    grows); what the task wrote is then copied to the real output too."""
+    import functools
+
+    from airflow.configuration import conf
+    from airflow.utils.log.file_task_handler import FileTaskHandler
+
+    handler = FileTaskHandler(conf.get("logging", "base_log_folder"))
+
+    @functools.wraps(run_task)
+    def run(*, ti, task, **kwargs):
+        path = Path(handler.local_base) / handler._render_filename(ti, ti.try_number)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sys.stdout.flush(), sys.stderr.flush()
+        saved = os.dup(1), os.dup(2)
+        with open(path, "ab") as log:
+            start = log.tell()
+            os.dup2(log.fileno(), 1), os.dup2(log.fileno(), 2)
+            try:
+                return run_task(ti=ti, task=task, **kwargs)
+            finally:
+                sys.stdout.flush(), sys.stderr.flush()
+                os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+                os.close(saved[1])
+                with open(path, "rb") as written, os.fdopen(saved[0], "wb") as out:
+                    written.seek(start)
+                    shutil.copyfileobj(written, out)
+
+    return run
 
 
 class Demo:
