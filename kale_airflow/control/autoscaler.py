@@ -219,14 +219,14 @@ class Autoscaler:
         return min(workers, sum(1 for p in pods if p.status and p.status.phase == "Running"))
 
     def _list_worker_pods(self) -> list:
-        """The worker pods in the training namespace (the Kubernetes API, through the provider's hook)."""
+        """This job's worker pods in its namespace (the Kubernetes API, through the provider's hook)."""
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
-        from kale_airflow.runtime.kubernetes import WORKER_SELECTOR
+        from kale_airflow.runtime.kubernetes import worker_selector
 
         kcfg = self.dep.kubernetes
         return KubernetesHook(kcfg.kubernetes_conn_id).core_v1_client.list_namespaced_pod(
-            kcfg.namespace, label_selector=WORKER_SELECTOR).items
+            kcfg.namespace, label_selector=worker_selector(self.job)).items
 
     def _backlog(self, assignment: dict, now: float) -> tuple[float, float]:
         """(backlog in samples, age in s of the oldest unprocessed sample): :func:`stream_backlog`."""

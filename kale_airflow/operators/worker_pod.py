@@ -8,8 +8,9 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from kale_airflow.config import Deployment, KubernetesWorkerConfig
 from kale_airflow.core.errors import KaleError
+from kale_airflow.core.jobs import DEFAULT_JOB
 from kale_airflow.runtime.backends import WorkerSpec
-from kale_airflow.runtime.kubernetes import KUBERNETES_API_CALLS, WORKER_LABELS, label_value, pod_kwargs
+from kale_airflow.runtime.kubernetes import KUBERNETES_API_CALLS, label_value, pod_kwargs, worker_labels
 
 
 def _required_permissions() -> str:
@@ -52,15 +53,16 @@ class WorkerPodOperator(KubernetesPodOperator):
 
 
 def worker_pod_operator(cfg: KubernetesWorkerConfig, spec: WorkerSpec, generation: str, worker_id: int,
-                        workers: int, assignment: dict, **operator_kwargs) -> WorkerPodOperator:
-    """The pod operator (a KubernetesPodOperator) for one worker of a generation."""
+                        workers: int, assignment: dict, job: str = DEFAULT_JOB,
+                        **operator_kwargs) -> WorkerPodOperator:
+    """The pod operator (a KubernetesPodOperator) for one worker of a generation of job ``job``."""
     cmd = spec.command(generation, worker_id, workers, assignment)
     return WorkerPodOperator(
         task_id=operator_kwargs.pop("task_id", f"worker_{worker_id}"),
         name=f"kale-worker-{worker_id}",
         cmds=cmd[:1],
         arguments=cmd[1:],
-        labels={**WORKER_LABELS, "kale-airflow/generation": label_value(generation),
+        labels={**worker_labels(job), "kale-airflow/generation": label_value(generation),
                 "kale-airflow/worker": str(worker_id)},
         **pod_kwargs(cfg),
         **operator_kwargs,
@@ -71,7 +73,7 @@ def worker_pods_partial_kwargs(dep: Deployment) -> dict:
     """``WorkerPodOperator.partial(**these).expand(arguments=...)``: the kale_training DAG's
     mapped GPU pods, one per worker command line (the DAG and its tests share this)."""
     return dict(
-        task_id="worker_pods", name="kale-worker", cmds=["python"], labels=dict(WORKER_LABELS),
+        task_id="worker_pods", name="kale-worker", cmds=["python"], labels=worker_labels(dep.job),
         # a whole generation (up to max_workers pods) may be in flight (deferred counts here)
         max_active_tis_per_dagrun=dep.max_workers,
         **{**pod_kwargs(dep.kubernetes),

@@ -46,9 +46,20 @@ def label_value(text: str) -> str:
     return clean or "x"
 
 
-# Labels on every worker pod; the autoscaler counts Running pods by the first one.
+# Labels on every worker pod, and the job's: a job's autoscaler counts the Running pods of its
+# own job (several jobs may share a namespace).
 WORKER_LABELS = {"app.kubernetes.io/name": "kale-worker", "app.kubernetes.io/part-of": "kale-airflow"}
-WORKER_SELECTOR = f"app.kubernetes.io/name={WORKER_LABELS['app.kubernetes.io/name']}"
+JOB_LABEL = "kale-airflow/job"
+
+
+def worker_labels(job: str) -> dict[str, str]:
+    """The labels of job ``job``'s worker pods."""
+    return {**WORKER_LABELS, JOB_LABEL: label_value(job)}
+
+
+def worker_selector(job: str) -> str:
+    """The label selector of job ``job``'s worker pods (and no other job's)."""
+    return f"app.kubernetes.io/name={WORKER_LABELS['app.kubernetes.io/name']},{JOB_LABEL}={label_value(job)}"
 DATABASE_URL_ENV = "KALE_DATABASE_URL"
 
 

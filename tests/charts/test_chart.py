@@ -441,8 +441,39 @@ def test_jobs_reach_the_config_and_one_role_covers_them(chart):
     assert list(dep.all_jobs) == ["ranking", "ads"] and dep.fleet.gpus == 16
     assert {job.kubernetes.namespace for job in dep.all_jobs.values()} == {"kale-training"}
     assert [d["metadata"]["namespace"] for d in docs if d["kind"] == "Role"] == ["kale-training"]
-    away = [jobs[0], {**jobs[1], "kubernetes": {"namespace": "ads-training"}}]
-    with pytest.raises(helm_python.HelmRenderError, match=r"config.jobs\[1\] \(ads\) sets kubernetes.namespace"):
-        render(chart, {"config": {**config, "jobs": away}})
+    claim = [jobs[0], {**jobs[1], "kubernetes": {"checkpoint_claim": "own"}}]
+    with pytest.raises(helm_python.HelmRenderError, match=r"config.jobs\[1\] \(ads\) sets kubernetes.checkpoint_claim"):
+        render(chart, {"config": {**config, "jobs": claim}})
     with pytest.raises(helm_python.HelmValuesError, match="/config/jobs/0': missing property 'name'"):
         render(chart, {"config": {**config, "jobs": [{"stream_url": "kafka://k:9092/x"}]}})
+
+
+def test_a_job_in_its_own_namespace_gets_the_role_claim_account_and_secret_there(chart):
+    """Bug class: a job whose pods run in a namespace of their own (kubernetes.namespace) with
+    no Role there (403 at pod creation), no checkpoint claim, service account, database Secret
+    or disruption budget."""
+    jobs = [{"name": "ranking", "stream_url": "kafka://k:9092/ranking"},
+            {"name": "ads", "stream_url": "kafka://k:9092/ads", "kubernetes": {"namespace": "ads-training"}},
+            {"name": "feed", "stream_url": "kafka://k:9092/feed", "kubernetes": {"namespace": "kale-training"}}]
+    values = {"config": {"stream_url": "kafka://k:9092/t", "worker_backend": "kubernetes", "jobs": jobs},
+              "database": {"url": "postgresql+psycopg://kale:pw@db.kale:5432/kale"},
+              "training": {"createNamespace": True}, "metrics": {"podMonitor": {"enabled": True}}}
+    docs, notes = render(chart, values)
+    dep = kale_config(docs)
+    assert {n: j.kubernetes.namespace for n, j in dep.all_jobs.items()} == {
+        "ranking": "kale-training", "ads": "ads-training", "feed": "kale-training"}
+    assert {n: j.kubernetes.checkpoint_claim for n, j in dep.all_jobs.items()} == dict.fromkeys(dep.all_jobs,
+                                                                                                 "kale-checkpoints")
+    by_kind = {}
+    for d in docs:
+        by_kind.setdefault(d["kind"], []).append(d["metadata"].get("namespace", d["metadata"]["name"]))
+    for kind in ("Role", "RoleBinding", "ServiceAccount", "PersistentVolumeClaim", "PodDisruptionBudget",
+                 "Namespace", "PodMonitor"):
+        assert sorted(by_kind[kind]) == ["ads-training", "kale-training"], (kind, by_kind[kind])
+    assert sorted(by_kind["Secret"]) == ["ads-training", "airflow", "kale-training"]
+    binding = next(d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["namespace"] == "ads-training")
+    assert {s["namespace"] for s in binding["subjects"]} == {"airflow"}  # Airflow's worker and triggerer
+    for doc in docs:
+        if doc["kind"] != "PodMonitor":  # a CRD
+            kubernetes_validate.validate(doc, "1.37.0", strict=True)
+    assert "kale-training, ads-training" in notes["kale-airflow/templates/NOTES.txt"]

@@ -193,6 +193,38 @@ def test_a_partly_scheduled_generation_holds_until_every_pod_runs(home):
     assert obs.ready_workers == 4 and d.workers > 4 and d.reason != Reason.HOLD_PENDING
 
 
+def test_a_job_counts_its_own_pods_in_a_namespace_it_shares(home, monkeypatch):
+    """Bug class: several jobs' worker pods in one namespace, listed by the worker label
+    alone: job ads, 2 of its 4 pods Pending, counted ranking's Running pods as its own and
+    asked for more instead of holding. The fake API filters by the selector as the API server
+    does (equality terms)."""
+    from airflow.providers.cncf.kubernetes.hooks import kubernetes as hook_module
+
+    from kale_airflow.runtime.kubernetes import worker_labels
+
+    pods = [SimpleNamespace(status=SimpleNamespace(phase=phase), metadata=SimpleNamespace(labels=worker_labels(job)))
+            for job, phase in [("ranking", "Running")] * 4 + [("ads", "Running")] * 2 + [("ads", "Pending")] * 2]
+    asked = []
+
+    def list_namespaced_pod(namespace, label_selector):
+        asked.append(namespace)
+        terms = [term.split("=", 1) for term in label_selector.split(",")]
+        return SimpleNamespace(items=[p for p in pods if all(p.metadata.labels.get(k) == v for k, v in terms)])
+
+    class FakeHook:
+        def __init__(self, conn_id):
+            self.core_v1_client = SimpleNamespace(list_namespaced_pod=list_namespaced_pod)
+
+    monkeypatch.setattr(hook_module, "KubernetesHook", FakeHook)
+    auto = autoscaler(home, worker_backend="kubernetes", job="ads", kubernetes={"namespace": "shared"},
+                      kale={"persist_s": 0})
+    running(auto, 4)
+    arrive(home[1], 9000)
+    d, obs = auto.poke(NOW)
+    assert asked and set(asked) == {"shared"}
+    assert obs.ready_workers == 2 and (d.workers, d.reason) == (4, Reason.HOLD_PENDING)
+
+
 def test_local_backend_never_lists_pods(home):
     def fail():
         raise AssertionError("listed pods on the local backend")

@@ -255,3 +255,34 @@ def test_the_mapped_pods_settings_survive_dag_serialization(training_dag):
     assert kwargs["image_pull_secrets"] == "regcred,mirror-cred"
     assert (kwargs["priority_class_name"], kwargs["image_pull_policy"]) == ("gpu-training", "Always")
     assert kwargs["annotations"][SAFE_TO_EVICT] == "false"
+
+
+def selects(selector: str, labels: dict) -> bool:
+    """Whether an equality-based label selector (``k=v,k2=v2``, as the autoscaler lists pods
+    with) matches a pod's labels."""
+    return all(labels.get(key) == value for key, value in (term.split("=", 1) for term in selector.split(",")))
+
+
+def test_each_jobs_autoscaler_counts_only_its_own_jobs_pods_in_a_shared_namespace():
+    """Bug class: two jobs' worker pods in one namespace (the chart's default) told apart by no
+    label, so a job's autoscaler counted the other job's Running pods as its own and missed its
+    own Pending ones (no hold_pending)."""
+    from kale_airflow.config import parse_deployment
+    from kale_airflow.operators.worker_pod import WorkerPodOperator, worker_pods_partial_kwargs
+    from kale_airflow.runtime.kubernetes import worker_selector
+
+    dep = parse_deployment({**K8S_DEPLOYMENT, "jobs": [{"name": "ranking", "stream_url": "kafka://k:9092/ranking"},
+                                                       {"name": "ads", "stream_url": "kafka://k:9092/ads"}]})
+    argv = SPEC.command(RUN_ID, 0, 1, ASSIGNMENT)
+    labels = {}
+    for name, job in dep.all_jobs.items():
+        op = WorkerPodOperator(**{**worker_pods_partial_kwargs(job), "task_id": "w"}, arguments=argv[1:])
+        m = pod_manifest(op)
+        kubernetes_validate.validate(m, "1.37.0", strict=True)
+        assert m["metadata"]["namespace"] == "kale-training"  # both jobs share the namespace
+        labels[name] = m["metadata"]["labels"]
+    assert selects(worker_selector("ranking"), labels["ranking"]) and selects(worker_selector("ads"), labels["ads"])
+    assert not selects(worker_selector("ranking"), labels["ads"]) and not selects(worker_selector("ads"),
+                                                                                  labels["ranking"])
+    one = pod_manifest(worker_pod_operator(KubernetesWorkerConfig(), SPEC, RUN_ID, 0, 2, ASSIGNMENT, job="ads"))
+    assert selects(worker_selector("ads"), one["metadata"]["labels"])

@@ -38,6 +38,19 @@ only the keys named, {} without a Secret). */}}
 {{- if kindIs "invalid" $v -}}{{- .Values.config.max_workers | default 8 -}}{{- else -}}{{- $v -}}{{- end -}}
 {{- end -}}
 
+{{/* The namespaces the worker pods run in, as JSON: training.namespace, then each job's own
+kubernetes.namespace (config.jobs), once each. Each gets the Role and RoleBinding, the worker
+service account, the checkpoint claim, the chart's database Secret and the disruption budget. */}}
+{{- define "kale.trainingNamespaces" -}}
+{{- $all := list .Values.training.namespace -}}
+{{- range $job := (get .Values.config "jobs" | default list) -}}
+{{- with (get (get $job "kubernetes" | default dict) "namespace") -}}
+{{- $all = append $all . -}}
+{{- end -}}
+{{- end -}}
+{{- toJson (uniq $all) -}}
+{{- end -}}
+
 {{/* kale.yaml: the config values, with the worker image, the pods' scheduling and the database
 and Kafka Secrets the pods reference. */}}
 {{- define "kale.config" -}}
@@ -51,8 +64,8 @@ and Kafka Secrets the pods reference. */}}
 {{- $_ := set $k8s $field (index $from 1) -}}
 {{- range $i, $job := (get $cfg "jobs" | default list) -}}
 {{- $own := get (get $job "kubernetes" | default dict) $field -}}
-{{- if and $own (ne $own (index $from 1)) -}}
-{{- fail (printf "config.jobs[%d] (%s) sets kubernetes.%s %q but %s is %q: with this chart every job's pods run with the release's namespace, claim and service account (one Role covers them); leave it unset" $i (get $job "name") $field $own (index $from 0) (index $from 1)) -}}
+{{- if and $own (ne $own (index $from 1)) (ne $field "namespace") -}}
+{{- fail (printf "config.jobs[%d] (%s) sets kubernetes.%s %q but %s is %q: with this chart every job's pods run with the release's claim and service account (rendered in each job's namespace); leave it unset" $i (get $job "name") $field $own (index $from 0) (index $from 1)) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
