@@ -297,6 +297,34 @@ def fleet_poke() -> str:
             "`benchmarks/results/autoscaler_fleet.json`).\n")
 
 
+def rescale_pauses() -> str:
+    """docs/runtime.md's measured rescale pauses, warm against restart, and the exactly-once
+    audit (``benchmarks/rescale.py``)."""
+    d = json.loads((ROOT / "benchmarks" / "results" / "rescale.json").read_text())
+    st, audit = d["settings"], d["audit"]
+    names = {"emulated": "emulated GPU step", "real": "real CPU steps"}
+    rows = []
+    for mode, paths in d["summary"].items():
+        warm, restart = paths["warm"]["all reported"], paths["restart"]["all reported"]
+        rows.append([names.get(mode, mode), *(f"{x[k]['p50']:.2f}" for x in (warm, restart) for k in ("pause_s", "gap_s"))])
+    steps = " -> ".join(map(str, st["sequence"]))
+    return (f"`benchmarks/rescale.py` (`benchmarks/results/rescale.json`) rescales a local deployment through "
+            f"{steps} ranks, the warm path {st['reps']} times and the restart path (`worker_warm_wait_s: 0`, every "
+            f"generation a new job) {st['restart_reps']} times, with the demo's emulated GPU step and with real CPU "
+            f"steps, on the {d['machine']['cpus']}-core development machine. Medians over the reported changes "
+            f"({', '.join(st['reported_changes'])}), in seconds:\n\n"
+            + _table(["steps", "warm: decision to first step", "warm: last old step to first new",
+                      "restart: decision to first step", "restart: gap"], rows)
+            + f"\n\nOver both step modes the warm medians are {d['measured']['warm_pause_p50_s']:.2f} s and "
+              f"{d['measured']['warm_gap_p50_s']:.2f} s (targets {d['targets']['warm_pause_p50_s']:g} s and "
+              f"{d['targets']['warm_gap_p50_s']:g} s). In the same run, {audit['rescales']} warm rescales with a "
+              f"`kill -9` of a random rank during {len(audit['killed_during'])} of them trained all "
+              f"{audit['samples']:,} samples at least once ({audit['never']} never) and "
+              f"{audit['more_than_twice']} more than twice; the {audit['duplicates']:,} trained twice "
+              f"{'all came' if not audit['duplicates_outside'] else 'did not all come'} within the "
+              f"{audit['checkpoint_every']} steps before a crash (at most {audit['max_steps_before_crash']}).\n")
+
+
 # ------------------------------------------------------------------ engine benchmark
 PT = 100.0
 NAMES = {"nyc_taxi_30min": "NYC taxi, 30 min", "nasa_http_jul1995_1min": "NASA HTTP, 1 min",
@@ -415,6 +443,7 @@ GENERATED: list[tuple[str, str, Callable[[], str]]] = [
     ("docs/policy.md", "engine-tables", engine_tables),
     ("README.md", "engine-summary", engine_summary),
     ("docs/fleet.md", "fleet-poke", fleet_poke),
+    ("docs/runtime.md", "rescale-pauses", rescale_pauses),
 ]
 
 
