@@ -486,22 +486,26 @@ def _replay_named(name: str, cfg: SimConfig, workload: Workload, noise: np.ndarr
     return run_policy(policy, workload, cfg, noise, initial, progress, shards)
 
 
-def _replay_all(names, jobs: int, bar, args: tuple) -> dict[str, PolicyRun]:
-    """Replay every policy, in ``jobs`` forked processes when there is more than one (the
-    replays are independent and deterministic: the same runs, sooner on several cores)."""
+def _replay_all(names, jobs: int, bar, args: tuple, offline: bool) -> tuple[dict[str, PolicyRun], dict]:
+    """Replay every policy, and solve the offline optimum if ``offline``, in ``jobs`` forked
+    processes when there is more than one (the replays are independent and deterministic: the
+    same runs, sooner on several cores)."""
+    cfg, workload, _, initial = args[:4]
     if jobs <= 1 or len(names) <= 1:
-        return {name: _replay_named(name, *args, progress=bar) for name in names}
+        runs = {name: _replay_named(name, *args, progress=bar) for name in names}
+        return runs, offline_optimum(workload.arrivals, cfg, initial) if offline else {}
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
     with ProcessPoolExecutor(min(jobs, len(names)), mp_context=get_context("fork")) as pool:
-        # Kale's replays are the longest: submitted first, the others fill in beside them.
+        # Kale's replays are the longest: submitted first, the others (and the optimum) fill in beside them.
         slow_first = sorted(names, key=lambda n: n.split("@")[0] not in ("kale", "oracle", "kale-rules"))
         futures = {name: pool.submit(_replay_named, name, *args) for name in slow_first}
+        optimum = pool.submit(offline_optimum, workload.arrivals, cfg, initial) if offline else None
         for future in futures.values():
             if bar is not None:
                 future.add_done_callback(lambda f: bar.update(len(f.result().backlog)))
-        return {name: futures[name].result() for name in names}
+        return {name: futures[name].result() for name in names}, optimum.result() if offline else {}
 
 
 def simulate(trace: Trace, policies=ALL_POLICIES, cfg: SimConfig | None = None, forecaster: str = "seasonal",
@@ -525,10 +529,9 @@ def simulate(trace: Trace, policies=ALL_POLICIES, cfg: SimConfig | None = None, 
     # One BLAS thread: the replays' small matrix products gain nothing from more, and idle
     # OpenBLAS threads spin on the cores the other replays need (twice the CPU time).
     with threadpool_limits(limits=1, user_api="blas"):
-        runs = _replay_all(tuple(policies), jobs, bar, args)
+        runs, offline = _replay_all(tuple(policies), jobs, bar, args, offline)
     if bar is not None:
         bar.close()
-    offline = offline_optimum(workload.arrivals, cfg, initial) if offline else {}
     return SimulationResult(trace.name, cfg, workload, runs, fluid_gpu_hours(workload.arrivals, cfg), forecaster,
                             time.perf_counter() - started, offline)
 
