@@ -325,6 +325,17 @@ def rescale_pauses() -> str:
               f"{audit['checkpoint_every']} steps before a crash (at most {audit['max_steps_before_crash']}).\n")
 
 
+def demo_run() -> str:
+    """docs/airflow.md's account of the ``make demo`` run behind docs/demo.png (``demo.json``)."""
+    d = json.loads((ROOT / "benchmarks" / "results" / "demo.json").read_text())
+    return (f"In the run behind [demo.png](demo.png) (`benchmarks/results/demo.json`) the job went "
+            f"{' -> '.join(map(str, d['workers_path']))}: {d['rescales']} rescales, "
+            f"{d['slo_violation_rate']:.1%} of the time over the {d['slo_s']} s freshness SLO (the lag peaked at "
+            f"{d['max_freshness_s']:.0f} s), a mean wait of {d['mean_wait_s']:.1f} s, and "
+            f"{d['worker_hours']:.2f} worker-hours, {d['worker_hours'] / d['fixed_worker_hours']:.2f}x the "
+            f"{d['fixed_worker_hours']:.2f} of a fixed run at {d['fixed_workers']} workers.\n")
+
+
 # ------------------------------------------------------------------ engine benchmark
 PT = 100.0
 NAMES = {"nyc_taxi_30min": "NYC taxi, 30 min", "nasa_http_jul1995_1min": "NASA HTTP, 1 min",
@@ -444,6 +455,7 @@ GENERATED: list[tuple[str, str, Callable[[], str]]] = [
     ("README.md", "engine-summary", engine_summary),
     ("docs/fleet.md", "fleet-poke", fleet_poke),
     ("docs/runtime.md", "rescale-pauses", rescale_pauses),
+    ("docs/airflow.md", "demo-run", demo_run),
 ]
 
 
