@@ -547,22 +547,37 @@ class Worker:
     # ---------------------------------------------------------------- training
     def _read(self) -> tuple[list, dict, list, int]:
         """This rank's share of the next global batch: (payloads of its slices, new positions,
-        audit rows, records read)."""
-        per = max(1, self.batch_size // max(1, len(self.slices)))
+        audit rows, records read). Every slice is offered an equal part of the batch; what the
+        slices with less queued leave is offered again to those that filled their part, until
+        the batch is full or no slice holds more. A rank's slices carry unequal traffic, and an
+        equal part alone would cap its busiest slice at ``batch_size / slices`` per step however
+        much it has queued, with the rest of the batch empty."""
         payloads, new_pos, audit, read, dry = [], {}, [], 0, []
-        for s in self.slices:
-            pos = self.positions[s]
-            want = int(math.ceil(per / max(s.hi - s.lo, 1e-3)))
-            offsets, got = self.stream.read_payloads(s.partition, pos, want)  # no object per sample
-            if not got:
-                dry.append(s)
-                continue
-            read += len(got)
-            keep = s.mask(offsets)
-            mine = got if keep.all() else list(compress(got, keep.tolist()))
-            payloads.extend(mine)
-            new_pos[s] = int(offsets[-1]) + 1
-            audit.append((s, pos, int(offsets[-1]) + 1, len(mine)))
+        more = list(self.slices)
+        per = max(1, self.batch_size // max(1, len(more)))  # the first offer: an equal part each
+        while more:
+            full = []
+            for s in more:
+                pos = new_pos.get(s, self.positions[s])
+                want = int(math.ceil(per / max(s.hi - s.lo, 1e-3)))
+                offsets, got = self.stream.read_payloads(s.partition, pos, want)  # no object per sample
+                if not got:
+                    if s not in new_pos:
+                        dry.append(s)
+                    continue
+                read += len(got)
+                keep = s.mask(offsets)
+                mine = got if keep.all() else list(compress(got, keep.tolist()))
+                payloads.extend(mine)
+                new_pos[s] = int(offsets[-1]) + 1
+                audit.append((s, pos, new_pos[s], len(mine)))
+                if len(got) >= want:  # it had all it was asked for: it may hold more
+                    full.append(s)
+            room = self.batch_size - len(payloads)
+            if room <= 0 or not full:
+                break
+            more = full[:room]  # never more slices than samples left to offer
+            per = room // len(more)
         # A slice with nothing to read may be past the end of a log that was emptied under it.
         if dry and time.monotonic() - self._checked_at >= POSITION_CHECK_S:
             self._checked_at = time.monotonic()

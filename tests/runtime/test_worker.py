@@ -247,13 +247,32 @@ def test_adjacent_checkpointed_slices_are_not_overlapping():
 
 
 @pytest.mark.parametrize("batch, slices, per_step", [
-    (100, [Slice(0), Slice(1), Slice(2)], 99),    # 100 // 3 = 33 records from each partition
+    (100, [Slice(0), Slice(1), Slice(2)], 100),   # 33 from each partition, then the one left from the first
     (1, [Slice(0), Slice(1), Slice(2)], 3),       # at least one record per slice
 ], ids=["uneven-split", "tiny-batch"])
 def test_a_step_reads_the_batch_split_over_the_slices(stream, tmp_path, batch, slices, per_step):
     """Bug class: the per-slice share of the batch miscomputed (float division, a floor of 2)."""
     w = Worker(stream, "g", slices, tmp_path / "ck", batch_size=batch)
     assert w.step()[0] == per_step
+
+
+def test_a_busy_slice_fills_what_the_quiet_slices_of_its_rank_leave_of_the_batch(tmp_path):
+    """Bug class: each slice held to an equal part of the batch (128 / 4 = 32 a step here),
+    so the busiest slice of a rank fell behind at a steady lag with most of every batch
+    empty. A rank with one slice 1,000 samples behind and three with 10 each fills its batch
+    from the busy one, trains every sample exactly once, and its audit rows tile the reads."""
+    s = EmbeddedStream(tmp_path / "s.db", partitions=4)
+    for p, n in enumerate((1000, 10, 10, 10)):
+        s.append(p, pack(generate(n, seed=p)))
+    audit = tmp_path / "audit.csv"
+    w = Worker(s, "g", [Slice(p) for p in range(4)], tmp_path / "ck", batch_size=128, audit=audit)
+    assert w.step()[0] == 128  # 32 + 10 + 10 + 10 in the equal parts, then 66 more from partition 0
+    assert w.step()[0] == 128  # the quiet slices are empty now: the whole batch from partition 0
+    out = w.run(exit_when_idle=True)
+    assert out["trained"] == 1030  # the steps above included
+    seen = audit_coverage(audit)
+    assert {p: sorted(v) for p, v in seen.items()} == {p: list(range(n)) for p, n in enumerate((1000, 10, 10, 10))}
+    assert {c for v in seen.values() for c in v.values()} == {1}
 
 
 @pytest.mark.parametrize("lo, hi", [(0.0, 0.5), (0.5, 1.0)], ids=["first-half", "second-half"])
