@@ -54,7 +54,9 @@ def airflow_template(tmp_path_factory):
 def airflow_home(airflow_template, tmp_path):
     from tests.airflow_harness import fresh_home
 
-    return fresh_home(airflow_template, tmp_path / "home")
+    home = fresh_home(airflow_template, tmp_path / "home")
+    yield home
+    home.close()
 
 
 # ------------------------------------------------------------------ PostgreSQL

@@ -22,7 +22,6 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import nnls
 
 from kale_airflow.core.errors import KaleError
 
@@ -86,6 +85,8 @@ class ThroughputModel:
         x = _features(n, k)
         # Weight rows by 1/y so residuals are relative errors (noise is multiplicative).
         xw, yw = x / y[:, None], np.ones_like(y)
+        from scipy.optimize import nnls  # here: scipy.optimize costs every DAG parse half a second
+
         coef, _ = nnls(xw, yw)
         resid = xw @ coef - yw
         dof = n.size - int(np.count_nonzero(coef))

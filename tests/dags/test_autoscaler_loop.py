@@ -2,17 +2,11 @@
 a traffic jump scales up, a drop scales down only after stabilization, and the training
 DAG rebalances and starts local workers for the new generation.
 
-A loop test's DAG runs all go through one long-lived ``dag.test`` process (:class:`LoopHome`):
-the same runs as the harness's one process per run (tests/airflow_harness.py), without
-paying Airflow's start (imports, the in-process execution API, MLflow's import) and a
-multi-second interpreter shutdown for each of its eight runs, which made these the suite's
-slowest tests. A long-lived process is also what runs the autoscaler's trigger in a
-deployment (the triggerer); what carries over between runs is still only what the control
-store persists (each run builds its own autoscaler)."""
+A loop test's DAG runs all go through its home's one long-lived ``dag.test`` process
+(tests/airflow_harness.py), as the autoscaler's trigger runs in a deployment's long-lived
+triggerer; what carries over between runs is still only what the control store persists
+(each run builds its own autoscaler)."""
 
-import json
-import os
-import select
 import subprocess
 import sys
 import time
@@ -22,7 +16,6 @@ import yaml
 
 from kale_airflow.store import StateStore
 from kale_airflow.stream.embedded import EmbeddedStream
-from tests.airflow_harness import DAGS, AirflowHome, DagRun
 from tests.conftest import seed_simulated_throughput, wait_until
 
 pytestmark = pytest.mark.slow
@@ -69,80 +62,6 @@ LOOP_CONFIG = {"min_workers": 1, "max_workers": 6, "poll_interval_s": 1, "bin_s"
                "kale": {"horizon_s": 30, "persist_s": 5, "wait_cost": 0.1}}
 
 
-# The DAG runs of one loop test, in order (one JSON line [dag_id, conf] each on the command
-# pipe): the harness's RUNNER, looped. Airflow logs to fds 1 and 2, which go to the log file
-# (argv[2]); the results go back on the original stdout, and the commands come on the
-# original stdin, both on private descriptors that no process a task starts inherits.
-DAG_SERVER = r"""
-import json, os, sys, traceback
-commands = os.fdopen(os.dup(0), "r")
-results = os.fdopen(os.dup(1), "w")
-os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-log = os.open(sys.argv[2], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-os.dup2(log, 1)
-os.dup2(log, 2)
-from airflow.dag_processing.dagbag import DagBag
-for line in commands:
-    dag_id, conf = json.loads(line)
-    try:
-        bag = DagBag(dag_folder=sys.argv[1])
-        assert not bag.import_errors, bag.import_errors
-        dr = bag.get_dag(dag_id).test(run_conf=conf)
-        res = {"state": str(dr.state), "tasks": {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}}
-    except BaseException:
-        traceback.print_exc()
-        res = None
-    sys.stdout.flush()
-    sys.stderr.flush()
-    results.write(json.dumps(res) + "\n")
-    results.flush()
-os._exit(0)  # no interpreter shutdown: its collection of Airflow's heap takes seconds
-"""
-
-
-class LoopHome(AirflowHome):
-    """An :class:`AirflowHome` whose DAG runs share one ``dag.test`` process (``DAG_SERVER``),
-    started at the first run with the environment as it is then; :meth:`close` ends it."""
-
-    def __init__(self, home: AirflowHome):
-        super().__init__(home.path, home.env)
-        self.log_path = home.path / "dag-runs.log"
-        self._proc: subprocess.Popen | None = None
-
-    def run(self, dag_id: str, conf: dict | None = None, extra_env=None, timeout=600, dags=DAGS,
-            retries=None) -> DagRun:
-        assert extra_env is None and dags == DAGS and retries is None, "one process: one environment"
-        if self._proc is None:
-            self._proc = subprocess.Popen([sys.executable, "-c", DAG_SERVER, str(DAGS), str(self.log_path)],
-                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                          env=self.env | {"AIRFLOW__CORE__DAGS_FOLDER": str(DAGS)}, cwd=self.path)
-        start = self.log_path.stat().st_size if self.log_path.exists() else 0
-        self._proc.stdin.write(json.dumps([dag_id, conf or {}]) + "\n")
-        self._proc.stdin.flush()
-        ready, _, _ = select.select([self._proc.stdout], [], [], timeout)
-        line = self._proc.stdout.readline() if ready else ""
-        with open(self.log_path, errors="replace") as fh:
-            fh.seek(start)
-            out = fh.read()
-        if not line:
-            self.close()
-        res = json.loads(line) if line else None
-        assert res, f"dag.test crashed or ran past {timeout} s:\n{out[-5000:]}"
-        return DagRun(res["state"], res["tasks"], out)
-
-    def close(self) -> None:
-        if self._proc is None:
-            return
-        proc, self._proc = self._proc, None
-        if proc.poll() is None:
-            proc.stdin.close()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, 9)
-                proc.wait()
-
-
 def prepare_loop(airflow_home, **config):
     """Write the loop's configuration (``LOOP_CONFIG`` plus ``config``), the producer's rate
     file (2,500 samples/s), and register the champions: the seasonal forecaster (its fallback
@@ -179,19 +98,15 @@ def stop_workers(airflow_home) -> None:
 def live(airflow_home):
     """The loop's world on the embedded default (SQLite control plane). The same scenario runs
     with a PostgreSQL control plane on Kafka (tests/stream/test_autoscaler_loop_kafka.py)."""
-    runs = LoopHome(airflow_home)
-    try:
-        home = airflow_home.kale_home
-        home.mkdir(parents=True, exist_ok=True)
-        EmbeddedStream(home / "stream.db", partitions=4)
-        rate = prepare_loop(runs)
-        proc = subprocess.Popen([sys.executable, "-c", PRODUCER, f"sqlite:///{home / 'stream.db'}", str(rate)])
-        yield runs, rate
-        proc.kill()
-        proc.wait()
-        stop_workers(airflow_home)
-    finally:
-        runs.close()
+    home = airflow_home.kale_home
+    home.mkdir(parents=True, exist_ok=True)
+    EmbeddedStream(home / "stream.db", partitions=4)
+    rate = prepare_loop(airflow_home)
+    proc = subprocess.Popen([sys.executable, "-c", PRODUCER, f"sqlite:///{home / 'stream.db'}", str(rate)])
+    yield airflow_home, rate
+    proc.kill()
+    proc.wait()
+    stop_workers(airflow_home)
 
 
 def store_url(home) -> str:

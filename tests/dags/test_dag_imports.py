@@ -20,7 +20,7 @@ for config in sys.argv[2:] or [""]:  # one parse per deployment file ("": none),
     if config:
         os.environ["KALE_CONFIG"] = config
     bag = DagBag(dag_folder=sys.argv[1], safe_mode=False)
-    heavy = sorted(m for m in {"torch", "neuralprophet", "mlflow"} if m in sys.modules)
+    heavy = sorted(m for m in {"torch", "neuralprophet", "mlflow", "scipy.optimize"} if m in sys.modules)
     print("RESULT" + json.dumps({"errors": {k: str(v) for k, v in bag.import_errors.items()},
                                  "dags": sorted(bag.dag_ids), "heavy": heavy}))
 """

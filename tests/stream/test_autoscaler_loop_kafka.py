@@ -17,7 +17,7 @@ settings that are just as valid on Apache Kafka, where they are not needed:
 The control plane is PostgreSQL (as in a deployment with Kafka); the configuration is the
 embedded test's (``LOOP_CONFIG``, with its low price of lag). The scenario itself (timings,
 assertions) is the embedded test's function, imported, so the two cannot drift apart, and
-so are its DAG runs in one long-lived ``dag.test`` process (``loop.LoopHome``).
+so are its DAG runs in its home's one long-lived ``dag.test`` process.
 Takes about a minute and a half on a 2-core machine, longer when it is loaded.
 """
 
@@ -43,17 +43,16 @@ def live_kafka(airflow_home, kafka_broker, postgres_database):
     url = kafka_broker.url(topic)
     airflow_home.env["KALE_KAFKA_CONFIG"] = json.dumps(KAFKA_CONFIG)
     airflow_home.env["KALE_DATABASE_URL"] = postgres_database
-    runs = loop.LoopHome(airflow_home)  # its dag.test process starts with the environment above
-    try:
-        rate = loop.prepare_loop(runs, stream_url=url)
+    try:  # its dag.test process starts with the environment above
+        rate = loop.prepare_loop(airflow_home, stream_url=url)
         proc = subprocess.Popen([sys.executable, "-c", loop.PRODUCER, url, str(rate)],
                                 env=os.environ | {"KALE_KAFKA_CONFIG": airflow_home.env["KALE_KAFKA_CONFIG"]})
-        yield runs, rate
+        yield airflow_home, rate
         proc.kill()
         proc.wait()
         loop.stop_workers(airflow_home)
     finally:
-        runs.close()  # before the database is dropped: its pooled connections go with it
+        airflow_home.close()  # before the database is dropped: its pooled connections go with it
 
 
 def test_jump_scales_up_and_drop_scales_down_on_kafka(live_kafka):

@@ -9,6 +9,7 @@ which starts only the DAG processor and the API server, so nothing decides again
 import json
 import shlex
 import shutil
+import sqlite3
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ import pytest
 
 from kale_airflow.cli.demo import airflow_ui_command
 from kale_airflow.store import StateStore
+from tests.conftest import wait_until
 from tests.stream.conftest import _free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,12 +36,22 @@ client = TestClient(create_app())
 auth = {"Authorization": "Bearer " + get_auth_manager().generate_jwt(SimpleAuthManagerUser(username="admin",
                                                                                           role="admin"))}
 dags = client.get("/api/v2/dags", params={"limit": 500}, headers=auth).json()
+# A demo run of the training DAG, as `kale demo` leaves one (triggered as from the UI).
+made = client.post("/api/v2/dags/kale_training/dagRuns", headers=auth,
+                   json={"logical_date": None, "conf": {"workers": 2, "generation": "demo-g1"}})
+assert made.status_code == 200, made.text
 runs = client.get("/api/v2/dags/kale_training/dagRuns", headers=auth).json()
 kale = client.get("/kale/", headers=auth)
 print("KALE_UI" + json.dumps({"dags": {d["dag_id"]: d["is_stale"] for d in dags["dags"]},
                                "runs": runs["total_entries"], "kale": kale.status_code, "page": kale.text,
                                "anonymous": client.get("/kale/").status_code}))
 """
+
+def serialized(airflow_db: Path) -> set[str]:
+    """The DAG ids the DAG processor has written to the Airflow database."""
+    with sqlite3.connect(airflow_db) as db:
+        return {dag_id for (dag_id,) in db.execute("SELECT dag_id FROM serialized_dag")}
+
 
 def parse_printed(line: str) -> tuple[dict, list[str]]:
     """Split the printed shell line into its leading VAR=value assignments and the command."""
@@ -94,11 +106,6 @@ def test_printed_environment_serves_the_kale_dags_runs_and_page(airflow_home, tm
     proc = subprocess.run([airflow, "dags", "reserialize"], env=env, capture_output=True, text=True, timeout=600,
                           cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    # A demo run of the training DAG, as `kale demo` leaves one (created through the same CLI).
-    proc = subprocess.run([airflow, "dags", "trigger", "kale_training", "--conf",
-                           json.dumps({"workers": 2, "generation": "demo-g1"})],
-                          env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = subprocess.run([sys.executable, "-c", QUERY], env=env, capture_output=True, text=True, timeout=600,
                          cwd=tmp_path)
     line = next((l for l in out.stdout.splitlines() if l.startswith("KALE_UI")), None)
@@ -135,7 +142,9 @@ def test_the_printed_command_serves_read_only_and_decides_nothing(airflow_home, 
             except OSError:
                 time.sleep(1)
         assert healthy, f"the API server did not answer: {proc.poll()}"
-        time.sleep(10)  # the DAG processor has parsed the DAGs by now; a triggerer would have resumed sensors
+        # Once the DAG processor has parsed the Kale DAGs, a triggerer or scheduler would be running too.
+        wait_until(lambda: KALE_DAGS <= serialized(airflow_home.path / "airflow.db"),
+                   "the DAG processor serialized the Kale DAGs")
         ui = psutil.Process(proc.pid)
         started = [" ".join(c.cmdline()).replace("_", "-") for c in ui.children()]  # api-server retitles itself
         kinds = sorted(k for c in started for k in ("api-server", "dag-processor") if k in c)
