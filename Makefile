@@ -36,8 +36,11 @@ mutation: $(STAMP)
 chaos: $(STAMP)
 	$(BIN)/python benchmarks/chaos.py
 
+# The suite in TEST_WORKERS processes (pytest-xdist; each test file stays in one of them, with
+# its own servers on free ports). TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf $(VENV) $(OUT)
