@@ -7,7 +7,7 @@ processes it scrapes.
   over the given targets, waits until every target is up, and stops it by its PID;
 - run as a script, this module is one of the scraped processes::
 
-      python -m tests.prometheus_harness worker PORT WORKER WORKERS SAMPLES STEP_S
+      python -m tests.prometheus_harness worker PORT WORKER WORKERS SAMPLES STEP_S [JOB]
       python -m tests.prometheus_harness kafka PORT TOPIC RATE[,RATE...]
 
   ``worker`` trains nothing but goes through ``kale_airflow.runtime.exposition`` exactly as a
@@ -162,10 +162,10 @@ class PrometheusServer:
 
 
 # ------------------------------------------------------------------ scraped processes
-def _run_worker(port: int, worker: int, workers: int, samples: int, step_s: float) -> None:
+def _run_worker(port: int, worker: int, workers: int, samples: int, step_s: float, job: str = "default") -> None:
     from kale_airflow.runtime import exposition
 
-    exposition.serve(port, addr="127.0.0.1", worker=worker, generation="g1", workers=workers, restored=True)
+    exposition.serve(port, addr="127.0.0.1", worker=worker, generation="g1", workers=workers, restored=True, job=job)
     lag = 1000.0
     while True:
         t0 = time.perf_counter()
@@ -192,7 +192,7 @@ if __name__ == "__main__":
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     kind, args = sys.argv[1], sys.argv[2:]
     if kind == "worker":
-        _run_worker(int(args[0]), int(args[1]), int(args[2]), int(args[3]), float(args[4]))
+        _run_worker(int(args[0]), int(args[1]), int(args[2]), int(args[3]), float(args[4]), *args[5:])
     elif kind == "kafka":
         _run_kafka(int(args[0]), args[1], [float(x) for x in args[2].split(",")])
     else:

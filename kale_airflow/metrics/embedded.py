@@ -146,7 +146,7 @@ def open_metrics(source: str, url: str | Path, job: str = DEFAULT_JOB, **options
 
     - ``embedded``: job ``job``'s history in the control-plane database at ``url``;
     - ``prometheus``: PromQL over the HTTP API of ``KALE_PROMETHEUS_URL`` (``url`` is then
-      unused); ``options`` (e.g. ``queries={...}``, ``topic=...``, ``traffic_step_s=...``)
+      unused), of job ``job``'s workers; ``options`` (e.g. ``queries={...}``, ``topic=...``, ``traffic_step_s=...``)
       go to :class:`~kale_airflow.metrics.prometheus.PrometheusOptions`, and
       ``KALE_PROMETHEUS_QUERIES`` overrides queries by name.
     """
@@ -155,5 +155,5 @@ def open_metrics(source: str, url: str | Path, job: str = DEFAULT_JOB, **options
     if source == "prometheus":
         from kale_airflow.metrics.prometheus import open_prometheus
 
-        return open_prometheus(options.pop("prometheus_url", None), **options)
+        return open_prometheus(options.pop("prometheus_url", None), job=job, **options)
     raise MetricsError(f"unknown metrics source {source!r}; available: embedded, prometheus")

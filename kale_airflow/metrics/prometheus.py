@@ -11,9 +11,10 @@ autoscaler and the pipelines (``traffic_history``, ``partition_rates``,
 - **worker throughput** from the workers' own ``/metrics``
   (:mod:`kale_airflow.runtime.exposition`): samples trained per second of step time,
   averaged over the workers of a generation and multiplied by its size (the embedded
-  store's "n workers ~ n times one" estimate), by the ``workers`` label.
+  store's "n workers ~ n times one" estimate), by the ``workers`` label, of this source's
+  job only (the workers' ``kale_job`` label): the jobs of a fleet share one Prometheus.
 
-Every query is a ``string.Template`` (``$topic``, ``$group``, ``$step``, ``$window``) and
+Every query is a ``string.Template`` (``$topic``, ``$group``, ``$job``, ``$step``, ``$window``) and
 can be replaced (:data:`DEFAULT_QUERIES`, ``KALE_PROMETHEUS_QUERIES``). A query that fails,
 returns no series, or whose newest point is older than ``max_staleness_s`` raises
 :class:`MetricsError` naming the query; the autoscaler treats that metric as missing, and
@@ -38,6 +39,7 @@ from string import Template
 import numpy as np
 import pandas as pd
 
+from kale_airflow.core.jobs import DEFAULT_JOB
 from kale_airflow.metrics.embedded import MetricsError
 
 #: The queries this source runs, by name. ``$topic``/``$group`` come from the options,
@@ -48,11 +50,11 @@ DEFAULT_QUERIES: dict[str, str] = {
     "traffic": 'sum(increase(kafka_topic_partition_current_offset{topic="$topic"}[${step}s]))',
     # Samples/s per partition (the rebalancer's weights), one series per `partition` label.
     "partition_rates": 'sum by (partition) (rate(kafka_topic_partition_current_offset{topic="$topic"}[$window]))',
-    # Cluster samples/s of a generation, by its size (`workers` label): per-worker samples per
-    # second of step time, averaged, times the generation's size.
-    "throughput": ("avg by (workers) (rate(kale_worker_samples_trained_total[$window])"
-                   " / rate(kale_worker_step_duration_seconds_sum[$window]))"
-                   " * max by (workers) (kale_worker_generation_workers)"),
+    # Cluster samples/s of the job's generation, by its size (`workers` label): per-worker
+    # samples per second of step time, averaged, times the generation's size.
+    "throughput": ('avg by (workers) (rate(kale_worker_samples_trained_total{kale_job="$job"}[$window])'
+                   ' / rate(kale_worker_step_duration_seconds_sum{kale_job="$job"}[$window]))'
+                   ' * max by (workers) (kale_worker_generation_workers{kale_job="$job"})'),
 }
 
 QUERIES_ENV = "KALE_PROMETHEUS_QUERIES"  # JSON object {name: PromQL}, or a path to one
@@ -66,6 +68,7 @@ class PrometheusOptions:
 
     topic: str = "kale"
     group: str = "kale"
+    job: str = DEFAULT_JOB             # the deployment's job whose workers' series are read
     queries: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_QUERIES))
     traffic_step_s: float = 300.0      # traffic bin (the deployment's bin_s)
     throughput_step_s: float = 15.0    # resolution of throughput observations
@@ -79,8 +82,8 @@ class PrometheusOptions:
         if name not in self.queries:
             raise MetricsError(f"no Prometheus query named {name!r}; known: {', '.join(sorted(self.queries))}")
         step = int(math.ceil(step_s if step_s is not None else self.throughput_step_s))
-        return Template(self.queries[name]).safe_substitute(topic=self.topic, group=self.group, step=step,
-                                                            window=self.rate_window)
+        return Template(self.queries[name]).safe_substitute(topic=self.topic, group=self.group, job=self.job,
+                                                            step=step, window=self.rate_window)
 
 
 def queries_from_env(environ=None) -> dict[str, str]:

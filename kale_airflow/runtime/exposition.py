@@ -3,12 +3,12 @@
 Two calls wire it into a worker process::
 
     exposition.serve(port, worker=worker_id, generation=generation, workers=total,
-                     restored=restored_from is not None)      # once, at start
+                     restored=restored_from is not None, job=job)  # once, at start
     exposition.observe_step(samples, seconds, lag=..., malformed=bad)  # after each step
 
 ``serve(None)`` (no ``--metrics-port`` / ``KALE_METRICS_PORT``) serves nothing but still
-counts, so the calls are harmless everywhere. Series (every one labelled ``worker``,
-``generation`` and ``workers``, the generation's size):
+counts, so the calls are harmless everywhere. Series (every one labelled ``kale_job``,
+``worker``, ``generation`` and ``workers``, the generation's size):
 
 =====================================================  =========  ==========================================
 ``kale_worker_samples_trained_total``                  counter    samples trained
@@ -22,9 +22,10 @@ counts, so the calls are harmless everywhere. Series (every one labelled ``worke
 ``kale_worker_last_step_timestamp_seconds``            gauge      when the last step that trained ended
 =====================================================  =========  ==========================================
 
-Cluster throughput (what the Prometheus metrics source reads):
-``avg by (workers) (rate(kale_worker_samples_trained_total[1m]) /
-rate(kale_worker_step_duration_seconds_sum[1m])) * max by (workers) (kale_worker_generation_workers)``.
+Cluster throughput of a job (what the Prometheus metrics source reads):
+``avg by (workers) (rate(kale_worker_samples_trained_total{kale_job="J"}[1m]) /
+rate(kale_worker_step_duration_seconds_sum{kale_job="J"}[1m])) * max by (workers)
+(kale_worker_generation_workers{kale_job="J"})``.
 """
 
 from __future__ import annotations
@@ -36,8 +37,12 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from kale_airflow.core.jobs import DEFAULT_JOB
+
 PORT_ENV = "KALE_METRICS_PORT"
-LABELS = ("worker", "generation", "workers")
+# ``kale_job``: the deployment's job (``job`` itself is the label Prometheus gives each scrape
+# target's job, which would rename ours to ``exported_job``).
+LABELS = ("kale_job", "worker", "generation", "workers")
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 THROUGHPUT_WINDOW_S = 10.0
 
@@ -65,16 +70,17 @@ class WorkerMetrics:
                                         "Workers in this worker's generation.", LABELS, registry=r)
         self.last_step = Gauge("kale_worker_last_step_timestamp_seconds",
                                "Unix time the last step that trained samples ended.", LABELS, registry=r)
-        self.labels: dict[str, str] = {"worker": "0", "generation": "0", "workers": "1"}
+        self.labels: dict[str, str] = {"kale_job": DEFAULT_JOB, "worker": "0", "generation": "0", "workers": "1"}
         self._recent: deque[tuple[float, int, float]] = deque()  # (end time, samples, seconds)
         self.server = None
 
-    def identify(self, worker: int | str = 0, generation: str = "0", workers: int = 1) -> None:
+    def identify(self, worker: int | str = 0, generation: str = "0", workers: int = 1, job: str = DEFAULT_JOB) -> None:
         """Set the labels every series carries (call before the first step, and again for every
         generation a warm rank joins: the old generation's size gauge is dropped, so
         ``max by (workers)`` sees only the current one)."""
         old = self.labels
-        self.labels = {"worker": str(worker), "generation": str(generation), "workers": str(int(workers))}
+        self.labels = {"kale_job": str(job), "worker": str(worker), "generation": str(generation),
+                       "workers": str(int(workers))}
         if old != self.labels:
             try:
                 self.generation_workers.remove(*(old[k] for k in LABELS))
@@ -86,10 +92,10 @@ class WorkerMetrics:
         self.step_seconds.labels(**self.labels)
 
     def serve(self, port: int | None, *, addr: str = "0.0.0.0", worker: int | str = 0, generation: str = "0",
-              workers: int = 1, restored: bool = False) -> int | None:
+              workers: int = 1, restored: bool = False, job: str = DEFAULT_JOB) -> int | None:
         """Label this worker's series and serve ``/metrics`` on ``port`` (0: any free port;
         None: ``$KALE_METRICS_PORT``, and no server when that is unset). Returns the port."""
-        self.identify(worker, generation, workers)
+        self.identify(worker, generation, workers, job)
         if restored:
             self.restores.labels(**self.labels).inc()
         if port is None and os.environ.get(PORT_ENV):

@@ -950,12 +950,12 @@ class Job:
 
     def _identify(self, worker: Worker, generation: str, total: int) -> None:  # pragma: no mutate block
         if self.serving:
-            exposition.METRICS.identify(worker=self.slot, generation=generation, workers=total)
+            exposition.METRICS.identify(worker=self.slot, generation=generation, workers=total, job=self.args.job)
             return
         self.serving = True
         try:  # /metrics on $KALE_METRICS_PORT, when set
             exposition.serve(None, worker=self.slot, generation=generation, workers=total,
-                             restored=worker.kind == RESTART)
+                             restored=worker.kind == RESTART, job=self.args.job)
         except OSError as exc:  # metrics are not worth stopping the training job for
             log.warning("cannot serve /metrics on port %s (%s); training without it",
                         os.environ.get("KALE_METRICS_PORT"), exc)

@@ -23,17 +23,20 @@ RATES = [10.0, 20.0, 30.0, 40.0]     # samples/s arriving on partitions 0..3
 @pytest.fixture(scope="module")
 def scraped():
     """Prometheus scraping two workers of a 2-worker generation, one worker of a 3-worker
-    generation (killed by the staleness test) and a Kafka exporter, every second."""
-    ports = {"w0": free_port(), "w1": free_port(), "doomed": free_port(), "kafka": free_port()}
+    generation (killed by the staleness test), a Kafka exporter, and one worker of another
+    job's 2-worker generation (three times as fast), every second."""
+    ports = {"w0": free_port(), "w1": free_port(), "doomed": free_port(), "kafka": free_port(), "ads": free_port()}
     procs = {}
     try:
         procs["w0"] = start_process("worker", str(ports["w0"]), "0", "2", str(SAMPLES), str(STEP_S), port=ports["w0"])
         procs["w1"] = start_process("worker", str(ports["w1"]), "1", "2", str(SAMPLES), str(STEP_S), port=ports["w1"])
         procs["doomed"] = start_process("worker", str(ports["doomed"]), "0", "3", str(SAMPLES), str(STEP_S),
                                         port=ports["doomed"])
+        procs["ads"] = start_process("worker", str(ports["ads"]), "0", "2", str(3 * SAMPLES), str(STEP_S), "ads",
+                                     port=ports["ads"])
         procs["kafka"] = start_process("kafka", str(ports["kafka"]), "kale", ",".join(map(str, RATES)),
                                        port=ports["kafka"])
-        jobs = {"kale-workers": [f"127.0.0.1:{ports[k]}" for k in ("w0", "w1", "doomed")],
+        jobs = {"kale-workers": [f"127.0.0.1:{ports[k]}" for k in ("w0", "w1", "doomed", "ads")],
                 "kafka-exporter": [f"127.0.0.1:{ports['kafka']}"]}
         with PrometheusServer(jobs) as server:
             # enough scrapes of every target that rate() over 5 s covers its whole window
@@ -61,9 +64,13 @@ def test_throughput_comes_from_the_workers_series(scraped):
 
     [obs] = wait_for(two_workers, 30, "throughput observations")
     assert list(obs.columns) == ["ts", "workers", "rate"]
-    # Two workers of ~1,280 samples/s each (sleep overshoot makes it a little less).
+    # Two workers of ~1,280 samples/s each (sleep overshoot makes it a little less); the other
+    # job's 2-worker generation, three times as fast, is not averaged in.
     assert 0.75 * 2 * SAMPLES / STEP_S < obs["rate"].median() <= 1.02 * 2 * SAMPLES / STEP_S
     assert obs["ts"].is_monotonic_increasing and (obs["ts"] > time.time() - 11).all()
+    ads = source(server, job="ads").throughput_observations(since=time.time() - 10)
+    assert set(ads["workers"]) == {2}  # none of the default job's 3-worker generation
+    assert 0.75 * 2 * 3 * SAMPLES / STEP_S < ads["rate"].median() <= 1.02 * 2 * 3 * SAMPLES / STEP_S
 
 
 @pytest.mark.prometheus
@@ -165,6 +172,7 @@ def test_open_metrics_picks_the_source_by_name(tmp_path, monkeypatch):
     src = open_metrics("prometheus", "unused", topic="samples")
     assert isinstance(src, PrometheusMetrics) and src.url == "http://prom:9090"
     assert src.options.queries == DEFAULT_QUERIES and 'topic="samples"' in src.options.query("partition_rates")
+    assert 'kale_job="ads"' in open_metrics("prometheus", "unused", "ads").options.query("throughput")
     monkeypatch.setenv("KALE_PROMETHEUS_QUERIES", '{"throughput": "my_rate"}')
     assert open_metrics("prometheus", "unused").options.queries["throughput"] == "my_rate"
     with pytest.raises(MetricsError, match="available: embedded, prometheus"):

@@ -32,7 +32,7 @@ def value(text: str, series: str) -> float:
 @pytest.mark.prometheus
 def test_worker_metrics_are_served_and_pass_promtool():
     m = WorkerMetrics()
-    port = m.serve(0, addr="127.0.0.1", worker=3, generation="g7", workers=4, restored=True)
+    port = m.serve(0, addr="127.0.0.1", worker=3, generation="g7", workers=4, restored=True, job="ads")
     try:
         for _ in range(4):
             m.observe_step(128, 0.5, lag={"0/0": 300, "1/0": 20}, malformed=1)
@@ -41,13 +41,13 @@ def test_worker_metrics_are_served_and_pass_promtool():
     finally:
         m.stop()
     promtool_check(body)
-    text, lb = body.decode(), 'generation="g7",worker="3",workers="4"'
+    text, lb = body.decode(), 'generation="g7",kale_job="ads",worker="3",workers="4"'
     assert value(text, f"kale_worker_samples_trained_total{{{lb}}}") == 512
     assert value(text, f"kale_worker_steps_total{{{lb}}}") == 4
     assert value(text, f"kale_worker_step_duration_seconds_count{{{lb}}}") == 4
     assert value(text, f"kale_worker_step_duration_seconds_sum{{{lb}}}") == 2.0
     assert value(text, f"kale_worker_throughput_samples_per_second{{{lb}}}") == 256
-    assert value(text, 'kale_worker_consumer_lag_samples{generation="g7",slice="0/0",worker="3",workers="4"}') == 300
+    assert value(text, 'kale_worker_consumer_lag_samples{generation="g7",kale_job="ads",slice="0/0",worker="3",workers="4"}') == 300
     assert value(text, f"kale_worker_malformed_samples_total{{{lb}}}") == 4
     assert value(text, f"kale_worker_restores_total{{{lb}}}") == 1
     assert value(text, f"kale_worker_generation_workers{{{lb}}}") == 4

@@ -160,6 +160,18 @@ def test_a_rank_of_one_generation_trains_its_assignment_then_exits(world, tmp_pa
     assert (tmp_path / "ck" / "model.pt").exists()
 
 
+def test_a_ranks_metrics_carry_its_job(world):
+    """Bug: every rank's series labelled as the default job, so the Prometheus source of one
+    job of a fleet averaged in the other jobs' workers."""
+    from kale_airflow.runtime import exposition
+
+    store, job = world
+    store.set_current_generation("7", 1)
+    rank = job("--assignment", '{"0": [["0", 1.0]]}', "--generation", "7", "--max-steps", "1", "--job", "ads")
+    assert rank.serve() == 0
+    assert exposition.METRICS.labels == {"kale_job": "ads", "worker": "0", "generation": "7", "workers": "1"}
+
+
 def test_more_than_one_rank_needs_a_rendezvous(world):
     _, job = world
     rank = job("--assignment", '{"0": [["0", 1.0]], "1": [["0", 1.0]]}', "--max-steps", "1")
