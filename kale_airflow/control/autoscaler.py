@@ -53,14 +53,13 @@ class Autoscaler:
                  shadow: bool | None = None):
         """Sources default to what the configuration names; tests pass fakes. ``shadow``
         overrides the deployment's ``shadow`` switch (None: as configured)."""
-        from kale_airflow.metrics.embedded import open_metrics
+        from kale_airflow.metrics.embedded import open_job_metrics
         from kale_airflow.stream import open_stream
 
         self.settings, self.dep = config.settings, config.deployment
         self.stream = stream if stream is not None else open_stream(self.dep.stream_url)
         self.job = config.job
-        self.metrics = metrics if metrics is not None else open_metrics(self.settings.metrics_source,
-                                                                        self.settings.database_url, self.job)
+        self.metrics = metrics if metrics is not None else open_job_metrics(self.settings, self.dep)
         self.state = store or StateStore(self.settings.database_url, self.job)
         # A champion moved by hand in the MLflow UI is tagged approved-manually at the next answer.
         champions = MlflowChampions(self.settings.mlflow_uri, self.job)

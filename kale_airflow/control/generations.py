@@ -173,13 +173,12 @@ class Generations:
                     f"{workers}; start a new generation (a new training DAG run) to change the worker count")
             self.log.info("generation %s already assigned (%d workers): nothing to do", generation, workers)  # pragma: no mutate
             return _summary(generation, existing, reused=True)
-        from kale_airflow.metrics.embedded import open_metrics
+        from kale_airflow.metrics.embedded import open_job_metrics
         from kale_airflow.stream import open_stream
 
-        dep, env = self.config.deployment, self.config.settings
+        dep = self.config.deployment
         stream = open_stream(dep.stream_url)
-        rates = (self._stream_rates(stream)
-                 or open_metrics(env.metrics_source, env.database_url, env.job).partition_rates())
+        rates = self._stream_rates(stream) or open_job_metrics(self.config.settings, dep).partition_rates()
         prev = self.store.latest(name, before=generation)
         previous_doc = {"assignment": prev[1]["assignment"]} if prev else None
         if prev:  # its workers must have checkpointed and stopped: never two generations on one slice

@@ -157,3 +157,23 @@ def open_metrics(source: str, url: str | Path, job: str = DEFAULT_JOB, **options
 
         return open_prometheus(options.pop("prometheus_url", None), job=job, **options)
     raise MetricsError(f"unknown metrics source {source!r}; available: embedded, prometheus")
+
+
+def open_job_metrics(settings, deployment=None):
+    """:func:`open_metrics` for one job of the deployment (``settings.job``): the Prometheus
+    source asks about that job's workers, its stream's topic (a Kafka URL's), its consumer
+    groups and its traffic bin (``bin_s``). ``deployment``: the job's validated settings
+    (None: read from the deployment file, only for the Prometheus source)."""
+    from urllib.parse import urlparse
+
+    if settings.metrics_source != "prometheus":
+        return open_metrics(settings.metrics_source, settings.database_url, settings.job)
+    if deployment is None:
+        from kale_airflow.config import load_deployment
+
+        deployment = load_deployment(settings).for_job(settings.job)
+    options = {"group": deployment.group, "traffic_step_s": float(deployment.bin_s)}
+    url = urlparse(deployment.stream_url)
+    if url.scheme in ("kafka", "airflow-conn") and url.path.strip("/"):
+        options["topic"] = url.path.strip("/")
+    return open_metrics("prometheus", settings.database_url, settings.job, **options)

@@ -16,7 +16,7 @@ from kale_airflow.config import Settings
 from kale_airflow.core.backtest import evaluate, selection_of, split
 from kale_airflow.core.forecast import ForecastError, get_forecaster, quantile_column
 from kale_airflow.core.traffic import BUNDLED_TRACE, TraceError, load_trace
-from kale_airflow.metrics.embedded import MetricsError, open_metrics
+from kale_airflow.metrics.embedded import MetricsError, open_job_metrics
 from kale_airflow.pipelines.common import data_hash
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ def extract_traffic(settings: Settings, run_id: str, history_days: float) -> dic
     the stream) into ``history.csv``. Before anything was observed, the bundled NYC taxi
     trace stands in, and ``source`` says so (it is logged with the MLflow run)."""
     try:
-        metrics = open_metrics(settings.metrics_source, settings.database_url, settings.job)
+        metrics = open_job_metrics(settings)
         series = metrics.traffic_history(history_days)
         source = "observed"
     except MetricsError as exc:

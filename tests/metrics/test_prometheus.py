@@ -179,6 +179,41 @@ def test_open_metrics_picks_the_source_by_name(tmp_path, monkeypatch):
         open_metrics("graphite", "unused")
 
 
+def test_a_jobs_prometheus_source_asks_about_its_topic_groups_bin_and_workers(tmp_path, monkeypatch):
+    """Bug: every job's source asked about topic `kale`, 300 s bins and every job's workers,
+    whatever its stream URL, group and bin_s."""
+    import yaml
+
+    from kale_airflow.config import Deployment, Settings
+    from kale_airflow.metrics.embedded import open_job_metrics
+
+    monkeypatch.setenv("KALE_PROMETHEUS_URL", "http://prom:9090")
+    monkeypatch.delenv("KALE_PROMETHEUS_QUERIES", raising=False)
+    env = Settings(tmp_path, "sqlite:///m.db", metrics_source="prometheus", job="ads")
+    dep = Deployment(stream_url="kafka://broker:9092/clicks", group="ads-g", bin_s=60)
+    opts = open_job_metrics(env, dep).options
+    assert (opts.topic, opts.group, opts.traffic_step_s, opts.job) == ("clicks", "ads-g", 60.0, "ads")
+    assert 'topic="clicks"' in opts.query("partition_rates") and 'kale_job="ads"' in opts.query("throughput")
+    # Without the job's settings at hand (the retrain pipeline), they come from the deployment file.
+    path = tmp_path / "kale.yaml"
+    path.write_text(yaml.safe_dump({"jobs": [{"name": "ranking", "stream_url": "kafka://broker:9092/ranking"},
+                                             {"name": "ads", "stream_url": "airflow-conn://kafka_ads/impressions",
+                                              "group": "g2", "bin_s": 120}]}))
+    read = open_job_metrics(Settings(tmp_path, "sqlite:///m.db", metrics_source="prometheus", config_file=path,
+                                     job="ads")).options
+    assert (read.topic, read.group, read.traffic_step_s) == ("impressions", "g2", 120.0)
+    embedded = open_job_metrics(Settings(tmp_path, "sqlite:///m.db", database=f"sqlite:///{tmp_path / 'k.db'}"))
+    assert isinstance(embedded, EmbeddedMetrics)
+    # The autoscaler reads its job's (the stream is not opened until a poke).
+    from kale_airflow.config import Config
+    from kale_airflow.control.autoscaler import Autoscaler
+
+    env = Settings(tmp_path, "sqlite:///m.db", metrics_source="prometheus", database=f"sqlite:///{tmp_path / 'k.db'}")
+    auto = Autoscaler(Config(env, Deployment(stream_url="kafka://127.0.0.1:1/clicks", bin_s=60)), registry=object(),
+                      pods=list)
+    assert (auto.metrics.options.topic, auto.metrics.options.traffic_step_s) == ("clicks", 60.0)
+
+
 def test_query_overrides_from_a_file_are_checked(tmp_path):
     path = tmp_path / "q.yaml"
     path.write_text("traffic: sum(increase(my_offsets[${step}s]))\n")
