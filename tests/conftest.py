@@ -187,16 +187,17 @@ def db_url(request, tmp_path):
         yield request.getfixturevalue("postgres_database")
 
 
-def seed_simulated_throughput(url, ts: float = 1.0) -> int:
-    """Write the simulator's profiling run of its reference cluster as throughput observations
-    (at ``ts``: the refit ignores rows at timestamp 0, the seed of earlier versions) into the
-    control plane at ``url``, for tests whose subject is not how observations were measured.
-    Only tests write simulated rows; no component does. Returns the rows written."""
+def seed_simulated_throughput(url, ts: float = 1.0, job: str = "default") -> int:
+    """Write the simulator's profiling run of its reference cluster as job ``job``'s throughput
+    observations (at ``ts``: the refit ignores rows at timestamp 0, the seed of earlier
+    versions) into the control plane at ``url``, for tests whose subject is not how
+    observations were measured. Only tests write simulated rows; no component does. Returns
+    the rows written."""
     from kale_airflow.core.simulator import SimConfig, profile_observations
     from kale_airflow.metrics.embedded import EmbeddedMetrics
 
     n, r = profile_observations(SimConfig())
-    return EmbeddedMetrics(url).write_throughput(np.full(len(n), float(ts)), n, r)
+    return EmbeddedMetrics(url, job).write_throughput(np.full(len(n), float(ts)), n, r)
 
 
 def wait_until(condition, what: str, timeout: float = 180.0) -> None:
