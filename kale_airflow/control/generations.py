@@ -26,6 +26,7 @@ from kale_airflow.config import Config
 from kale_airflow.core.errors import KaleError
 from kale_airflow.core.rebalance import RebalanceOptions, assign
 from kale_airflow.core.slices import slices_for
+from kale_airflow.runtime.elastic import HANDOVER_KEY
 from kale_airflow.store import StateStore
 from kale_airflow.store.state import AppliedGeneration
 
@@ -181,7 +182,10 @@ class Generations:
         rates = self._stream_rates(stream) or open_job_metrics(self.config.settings, dep).partition_rates()
         prev = self.store.latest(name, before=generation)
         previous_doc = {"assignment": prev[1]["assignment"]} if prev else None
-        if prev:  # its workers must have checkpointed and stopped: never two generations on one slice
+        # The running generation trains on until this mark (handover_due), then checkpoints and
+        # stops: its workers must have stopped, never two generations on one slice.
+        self.store.set_value(HANDOVER_KEY, {"generation": generation, "since": time.time()})
+        if prev:
             self.await_stopped(prev[0])
         result = assign(rates, workers, previous_doc, RebalanceOptions(split=split))
         doc = result.to_dict(split=split)

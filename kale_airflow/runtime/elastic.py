@@ -52,6 +52,8 @@ PAUSES_KEPT = 5  # as many as the autoscaler keeps
 RESCALE_KEY = "rescale/{generation}"  # one record per generation change (see pause_record)
 RESTART_KEY = "restart/{generation}"  # the last restart from the checkpoint within a generation
 RENDEZVOUS_KEY = "rendezvous/{generation}"
+# The generation whose rebalance began last: {"generation", "since"} (see handover_due).
+HANDOVER_KEY = "handover"
 CONTROL_PLANE = "control-plane"
 DEFAULT_PORT = 29500
 OFFLOAD_AFTER_S = 2.0  # a rank waiting longer than this gives its GPU memory back
@@ -98,6 +100,18 @@ def added_ready(world: int, current: dict | None, seen: dict[int, dict] | None, 
         return True
     states = {w: (rec or {}).get("state") for w, rec in (seen or {}).items()}
     return all(states.get(s) in ("ready", "running") for s in range(world, int(workers)))
+
+
+def handover_due(mine: str, current: dict | None, handover: dict | None) -> bool:
+    """Whether generation ``mine``, superseded by ``current``, stops now: once the rebalance of
+    a generation other than ``mine`` has begun (``handover``, :data:`HANDOVER_KEY`; it waits
+    for ``mine`` to checkpoint and stop). Until then it trains on: between the decision that
+    names a generation and its rebalance, Airflow runs the training DAG, which takes seconds.
+    At once when ``current`` has no workers (a stop), or is unknown, or no rebalance ever
+    began (generations named by hand, or the database unreachable)."""
+    if not current or not current.get("workers") or not handover:
+        return True
+    return handover.get("generation") != mine
 
 
 def choose_source(members: list[tuple[bool, int]]) -> int | None:

@@ -87,6 +87,7 @@ from kale_airflow.runtime.elastic import (
     CONTROL_PLANE,
     DEFAULT_PORT,
     GO,
+    HANDOVER_KEY,
     JOIN,
     LEAVE,
     OFFLOAD_AFTER_S,
@@ -106,6 +107,7 @@ from kale_airflow.runtime.elastic import (
     added_ready,
     broadcast_state,
     choose_source,
+    handover_due,
     merge_pause,
     next_action,
     pause_record,
@@ -726,11 +728,14 @@ class Worker:
         return self._finish(stop_reason(bool(_signalled), reached, idle_exit), final_state, close_link)
 
     def _stop_for_newer(self, await_added_s: float) -> bool:  # pragma: no mutate block
-        """Rank 0: whether to stop at the next step for a newer generation (once its added slots are ready)."""
+        """Rank 0: whether to stop at the next step for a newer generation (once its rebalance began
+        and its added slots are ready)."""
         if not self.superseded():
             return False
+        current = self.link.current()
+        if not handover_due(self.generation, current, self.link.value(HANDOVER_KEY)):
+            return False
         if await_added_s > 0:
-            current = self.link.current()
             if self._superseded_at is None:
                 self._superseded_at = time.monotonic()
             waited = time.monotonic() - self._superseded_at

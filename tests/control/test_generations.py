@@ -174,6 +174,10 @@ def test_rebalance_waits_for_the_previous_generation_and_keeps_the_split_option(
     gens.store.worker_seen("g1", 0, "running")
     with pytest.raises(GenerationError, match="generation g1 are still training"):
         gens.rebalance("g2", 3, split=False)
+    # What tells g1 to stop (it trains on until a newer generation's rebalance begins).
+    from kale_airflow.runtime.elastic import HANDOVER_KEY
+
+    assert gens.store.get_value(HANDOVER_KEY)["generation"] == "g2"
     gens.store.worker_seen("g1", 0, "stopped")
     gens.rebalance("g2", 3, split=False)
     doc = gens.assignment("g2")

@@ -22,6 +22,7 @@ from kale_airflow.runtime.elastic import (
     Rendezvous,
     TensorRef,
     added_ready,
+    handover_due,
     broadcast_state,
     choose_source,
     join_state,
@@ -105,6 +106,18 @@ def test_a_pause_record_measures_from_the_decision_and_from_the_last_step():
 ], ids=["same", "smaller", "unknown", "one-missing", "all-ready", "limit"])
 def test_a_generation_trains_on_until_the_added_slots_are_ready(world, current, seen, waited, ready):
     assert added_ready(world, current, seen, waited, limit_s=60.0) == ready
+
+
+@pytest.mark.parametrize("current, handover, due", [
+    ({"generation": "g2", "workers": 2}, {"generation": "g1"}, False),   # g2 decided, its rebalance not begun
+    ({"generation": "g2", "workers": 2}, {"generation": "g2"}, True),    # g2's rebalance waits for g1
+    ({"generation": "g3", "workers": 2}, {"generation": "g2"}, True),    # any newer one's
+    ({"generation": "g2", "workers": 0}, {"generation": "g1"}, True),    # a stop has no rebalance
+    ({"generation": "g2", "workers": 2}, None, True),                    # named by hand, or no database
+    (None, {"generation": "g1"}, True),
+], ids=["decided", "rebalancing", "newer", "stop", "never-marked", "unknown"])
+def test_a_superseded_generation_stops_once_a_newer_ones_rebalance_began(current, handover, due):
+    assert handover_due("g1", current, handover) == due
 
 
 def test_local_ranks_split_the_cores_and_steps_scale_to_the_global_mean():

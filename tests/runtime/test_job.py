@@ -9,11 +9,13 @@ import pytest
 
 from kale_airflow.runtime import worker as worker_module
 from kale_airflow.runtime.control_plane import ControlPlane
+from kale_airflow.runtime.elastic import HANDOVER_KEY
 from kale_airflow.runtime.samples import generate, pack
 from kale_airflow.runtime.supervise import free_port
 from kale_airflow.runtime.worker import Job, build_arg_parser
 from kale_airflow.store import StateStore
 from kale_airflow.stream.embedded import EmbeddedStream
+from tests.conftest import wait_until
 
 ONE_SLICE = {"0": [["0", 1.0]]}
 
@@ -158,6 +160,34 @@ def test_a_rank_of_one_generation_trains_its_assignment_then_exits(world, tmp_pa
     assert rank.serve() == 0
     assert rank.generation == "7" and state_of(store, "7") == "stopped"
     assert (tmp_path / "ck" / "model.pt").exists()
+
+
+def test_a_superseded_generation_trains_on_until_the_next_ones_rebalance_begins(world):
+    """Bug: the running generation stopped as soon as the next one was named, and nothing
+    trained until Airflow ran the new generation's rebalance (19 s of every rescale of make
+    demo). A stop (a generation of no workers) still stops it at once."""
+    store, job = world
+    name(store, "g1", 1)
+    store.set_value(HANDOVER_KEY, {"generation": "g1", "since": time.time()})  # what g1's rebalance wrote
+    rank = warm(job)
+    seen = {}
+
+    def airflow():
+        wait_until(lambda: state_of(store, "g1") == "running", "g1 training", 10)
+        name(store, "g2", 1)
+        time.sleep(0.5)  # fifty polls of rank 0
+        seen["named"] = state_of(store, "g1")
+        store.set_value(HANDOVER_KEY, {"generation": "g2", "since": time.time()})  # g2's rebalance begins
+        wait_until(lambda: state_of(store, "g2") == "running", "g2 training", 10)
+        seen["handed over"] = state_of(store, "g1")
+        name(store, "g3", 0, assignment=None)
+
+    driver = threading.Thread(target=airflow)
+    driver.start()
+    assert rank.serve() == 0
+    driver.join()
+    assert seen == {"named": "running", "handed over": "warm"}
+    assert state_of(store, "g2") == "stopped"  # g3 has no workers: no rebalance, at once
 
 
 def test_a_ranks_metrics_carry_its_job(world):
