@@ -146,8 +146,9 @@ def open_metrics(source: str, url: str | Path, job: str = DEFAULT_JOB, **options
 
     - ``embedded``: job ``job``'s history in the control-plane database at ``url``;
     - ``prometheus``: PromQL over the HTTP API of ``KALE_PROMETHEUS_URL`` (``url`` is then
-      unused), of job ``job``'s workers; ``options`` (e.g. ``queries={...}``, ``topic=...``, ``traffic_step_s=...``)
-      go to :class:`~kale_airflow.metrics.prometheus.PrometheusOptions`, and
+      unused), about job ``job``'s workers; ``options`` (e.g. ``queries={...}``,
+      ``topic=...``, ``traffic_step_s=...``) go to
+      :class:`~kale_airflow.metrics.prometheus.PrometheusOptions`, and
       ``KALE_PROMETHEUS_QUERIES`` overrides queries by name.
     """
     if source == "embedded":
