@@ -14,8 +14,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DAGS = ROOT / "dags"
 
-# The DAG runs of one AirflowHome, in order, in one long-lived ``dag.test`` process: one JSON
-# line [dags folder, dag_id, conf, retries] each on the command pipe, one JSON result line back.
+# The DAG runs of one AirflowHome, in order, in one long-lived ``dag.test`` process (argv: the
+# log file, the DAG folder): one JSON line [dag_id, conf, retries] each on the command pipe, one JSON result line back.
 # Airflow's start (its imports, the in-process execution API, MLflow's import: 5-10 s) is paid
 # once per home instead of once per run. Airflow logs to fds 1 and 2, which go to the log file
 # (argv[1]); the results go back on the original stdout, and the commands come on the original
@@ -33,9 +33,9 @@ os.dup2(log, 2)
 from datetime import timedelta
 from airflow.dag_processing.dagbag import DagBag
 for line in commands:
-    folder, dag_id, conf, retries = json.loads(line)
+    dag_id, conf, retries = json.loads(line)
     try:
-        bag = DagBag(dag_folder=folder)
+        bag = DagBag(dag_folder=sys.argv[2])
         assert not bag.import_errors, bag.import_errors
         dag = bag.get_dag(dag_id)
         if retries is not None:
@@ -90,11 +90,11 @@ class AirflowHome:
         if self._proc is None or self._proc_env != env:
             self.close()
             self._proc_env = env
-            self._proc = subprocess.Popen([sys.executable, "-c", DAG_SERVER, str(self.log_path)],
+            self._proc = subprocess.Popen([sys.executable, "-c", DAG_SERVER, str(self.log_path), str(dags)],
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                           env=env, cwd=self.path)
         start = self.log_path.stat().st_size if self.log_path.exists() else 0
-        self._proc.stdin.write(json.dumps([str(dags), dag_id, conf or {}, retries]) + "\n")
+        self._proc.stdin.write(json.dumps([dag_id, conf or {}, retries]) + "\n")
         self._proc.stdin.flush()
         ready, _, _ = select.select([self._proc.stdout], [], [], timeout)
         line = self._proc.stdout.readline() if ready else ""

@@ -165,16 +165,17 @@ def open_job_metrics(settings, deployment=None):
     source asks about that job's workers, its stream's topic (a Kafka URL's), its consumer
     groups and its traffic bin (``bin_s``). ``deployment``: the job's validated settings
     (None: read from the deployment file, only for the Prometheus source)."""
-    from urllib.parse import urlparse
-
     if settings.metrics_source != "prometheus":
         return open_metrics(settings.metrics_source, settings.database_url, settings.job)
     if deployment is None:
         from kale_airflow.config import load_deployment
 
         deployment = load_deployment(settings).for_job(settings.job)
+    from kale_airflow.stream import KAFKA
+
     options = {"group": deployment.group, "traffic_step_s": float(deployment.bin_s)}
-    url = urlparse(deployment.stream_url)
-    if url.scheme in ("kafka", "airflow-conn") and url.path.strip("/"):
-        options["topic"] = url.path.strip("/")
+    if deployment.stream_url.startswith(KAFKA):  # validated with the deployment: it names a topic
+        from kale_airflow.stream.kafka import parse_url
+
+        options["topic"] = parse_url(deployment.stream_url)[2]
     return open_metrics("prometheus", settings.database_url, settings.job, **options)

@@ -73,6 +73,11 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _result(name: str) -> dict:
+    """A benchmark's result file, ``benchmarks/results/<name>``."""
+    return json.loads((ROOT / "benchmarks" / "results" / name).read_text())
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
     lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
@@ -278,7 +283,7 @@ def chart_values_table(schema: dict | None = None, values_text: str | None = Non
 def mutation_table(path: Path | None = None) -> str:
     """Per mutated module: mutants killed, surviving (of them explained), not run within the
     budget, and the score, from the result file ``make mutation`` writes."""
-    doc = json.loads((path or ROOT / "benchmarks" / "results" / "mutation.json").read_text())
+    doc = json.loads(path.read_text()) if path else _result("mutation.json")
     rows = [[f"`{name}`", m["killed"], f"{m['survived']} ({m['explained']} explained)", m.get("not_run", 0),
              "-" if m["score"] is None else f"{m['score']:.2f}"] for name, m in doc["modules"].items()]
     summary = (f"{doc['ran']:,} mutants run{'' if doc.get('finished', True) else ' (the time budget ran out)'}, "
@@ -289,7 +294,7 @@ def mutation_table(path: Path | None = None) -> str:
 
 def fleet_poke() -> str:
     """docs/fleet.md's measured poke of a job in a fleet (``benchmarks/autoscaler.py --stream fleet``)."""
-    d = json.loads((ROOT / "benchmarks" / "results" / "autoscaler_fleet.json").read_text())
+    d = _result("autoscaler_fleet.json")
     return (f"`benchmarks/autoscaler.py --stream fleet`: one poke of a job in a fleet of {d['jobs']} jobs on a "
             f"PostgreSQL control plane on loopback, with a budget of {d['gpus']} GPUs that binds "
             f"({d['held_by_budget']} of {d['pokes']} decisions held by it): p50 {d['p50_ms']:.0f} ms, p99 "
@@ -300,7 +305,7 @@ def fleet_poke() -> str:
 def rescale_pauses() -> str:
     """docs/runtime.md's measured rescale pauses, warm against restart, and the exactly-once
     audit (``benchmarks/rescale.py``)."""
-    d = json.loads((ROOT / "benchmarks" / "results" / "rescale.json").read_text())
+    d = _result("rescale.json")
     st, audit = d["settings"], d["audit"]
     names = {"emulated": "emulated GPU step", "real": "real CPU steps"}
     rows = []
@@ -327,7 +332,7 @@ def rescale_pauses() -> str:
 
 def demo_run() -> str:
     """docs/airflow.md's account of the ``make demo`` run behind docs/demo.png (``demo.json``)."""
-    d = json.loads((ROOT / "benchmarks" / "results" / "demo.json").read_text())
+    d = _result("demo.json")
     return (f"In the run behind [demo.png](demo.png) (`benchmarks/results/demo.json`) the job went "
             f"{' -> '.join(map(str, d['workers_path']))}: {d['rescales']} rescales, "
             f"{d['slo_violation_rate']:.1%} of the time over the {d['slo_s']} s freshness SLO (the lag peaked at "
@@ -393,7 +398,7 @@ def rules_table(report: dict | None = None) -> str:
 
 
 def _engine() -> dict:
-    return json.loads((ROOT / "benchmarks" / "results" / "engine.json").read_text())
+    return _result("engine.json")
 
 
 def _miss_kind(check: dict) -> str:
