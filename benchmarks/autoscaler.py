@@ -13,11 +13,13 @@ boundaries are included.
 tests/stream/conftest.py): a 256-partition topic and a generation of 64 workers (one slice
 per partition). Between pokes the producer appends to every partition and rank 0 commits
 every slice's new position, always behind the end, so each poke finds samples pending on
-all 256 slices at positions no earlier probe fetched (no timestamp cached: the worst case). The broker sits behind a proxy that
-counts requests on the wire per client (``tests/stream/kafka_proxy.py``): the round trips
-of each poke, by request kind, every request librdkafka sends included. Also timed: the
-backlog step alone at 8, 64 and 256 slices, and the previous per-slice backlog (one
-``committed`` and one ``read`` per slice) for comparison
+all 256 slices at positions no earlier probe fetched; the poke dates them from the end offsets
+of its earlier pokes (``core/appends.py``). The broker sits behind a proxy that counts
+requests on the wire per client (``tests/stream/kafka_proxy.py``): the round trips of each
+poke, by request kind, every request librdkafka sends included. Also timed: one
+``end_offsets`` alone before and after the pokes (the broker's answer as its log grows), the
+backlog step alone at 8, 64 and 256 slices (no clock: every pending record fetched), and the
+previous per-slice backlog (one ``committed`` and one ``read`` per slice) for comparison
 (``benchmarks/results/autoscaler_kafka.json``; target p99 <= 100 ms, a constant number of
 requests per poke). Tansu answers ListOffsets by timestamp with 0, so the arrival rates the
 policy sees are wrong here; the requests (what Apache Kafka would be asked) are the same.
@@ -262,6 +264,17 @@ def legacy_run(bootstrap, topic, proxy, traffic, doc, now: float, rounds: int = 
     return {"calls": rounds, "ms": lat, "requests": summarize(rows)}
 
 
+def ends_alone(stream, calls: int = 20) -> dict:
+    """The time of one ``end_offsets`` (a Metadata and a ListOffsets request): what the broker's
+    answer costs, whatever the autoscaler does around it."""
+    lat = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        stream.end_offsets()
+        lat.append((time.perf_counter() - t0) * 1e3)
+    return percentiles(lat)
+
+
 def kafka_run(cfg, pokes: int, partitions: int, workers: int) -> dict:
     """The poke at production size on Tansu behind the counting proxy (see the module doc)."""
     from kale_airflow.config import load_config
@@ -282,9 +295,11 @@ def kafka_run(cfg, pokes: int, partitions: int, workers: int) -> dict:
         auto.poke(now)  # warm: models loaded, state created, clients connected
         import psutil
 
-        res = {"partitions": partitions, "workers": workers, "slices": len(traffic.slices),
+        before = ends_alone(auto.stream)
+        res = {"partitions": partitions, "workers": workers, "slices": len(traffic.slices), "cpus": os.cpu_count(),
                "load_average_1m_before": os.getloadavg()[0],
                "poke": poke_loop(auto, traffic, proxy, psutil.Process(proc.pid), now, pokes)}
+        res["end_offsets_alone"] = {"before": before, "after": ends_alone(auto.stream)}
         res["backlog_alone"] = backlog_scaling(bootstrap, topic, proxy, traffic, now + INTERVAL * pokes)
         res["legacy_backlog"] = legacy_run(bootstrap, topic, proxy, traffic, doc, now + INTERVAL * pokes)
         traffic.close()
@@ -305,6 +320,9 @@ def report_kafka(res: dict) -> None:
           f"{cpu['autoscaler_p99']:.0f} ms, broker {cpu['broker_p50']:.0f}/{cpu['broker_p99']:.0f} ms; broker "
           f"requests per poke {reqs['total_min']}-{reqs['total_max']} (mean {reqs['total_mean']:.1f}): "
           f"{reqs['by_kind_max']} (max by kind)")
+    ends = res["end_offsets_alone"]
+    print(f"  end_offsets alone: p50 {ends['before']['p50_ms']:.1f} ms before the pokes, "
+          f"{ends['after']['p50_ms']:.1f} ms after them")
     for n, row in res["backlog_alone"].items():
         print(f"  backlog step, {n:>3} slices: p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms, requests "
               f"{row['requests']['by_kind_max']}")

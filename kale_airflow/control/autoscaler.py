@@ -33,7 +33,8 @@ from kale_airflow.control.fleet import FleetLimits
 from kale_airflow.control.promotions import AnnouncedChampions, ManualApprovals
 from kale_airflow.core.policies import Decision, KalePolicy, Observation, Reason, build_kale
 from kale_airflow.core.policies.kale import planned_downtime
-from kale_airflow.core.slices import slices_for
+from kale_airflow.core.appends import AppendClock
+from kale_airflow.core.slices import all_slices
 from kale_airflow.metrics.embedded import MetricsError
 from kale_airflow.store import StateStore, masked
 
@@ -70,6 +71,10 @@ class Autoscaler:
         self.versions: tuple[str, str] | None = None
         self.model_error: str | None = None
         self._recorded_until: int | None = None  # first bin not yet written to the traffic history
+        # Where reading a record is a request to a server, the end offsets each poke reads date
+        # the oldest unprocessed records (a fetch only for those older than the first poke)
+        # and count the arrivals since the last poke.
+        self.appends = AppendClock() if getattr(self.stream, "remote_records", False) else None
         self.shadow = bool(self.dep.shadow if shadow is None else shadow)
         self.workers_source = "generation"  # where the last observation's worker count came from
         self.planned_downtime_s = self.dep.rescale_downtime_s  # measured by observe()
@@ -143,9 +148,16 @@ class Autoscaler:
         rate = backlog = fresh = tput = None
         try:
             interval = self.dep.poll_interval_s
-            rate = sum(self.stream.arrivals(now - interval, now).values()) / interval
+            ends = self.stream.end_offsets()  # once per poke: the arrivals and the backlog end here
+            if self.appends is not None:
+                self.appends.observe(now, ends)
+            arrived = self.appends.arrived(now - interval, now) if self.appends is not None else None
+            if arrived is None:  # the clock does not span the interval yet: the stream counts
+                arrived = self.stream.arrivals(now - interval, now, ends=ends)
+            rate = sum(arrived.values()) / interval
             if cur and cur["assignment"]:
-                backlog, fresh = self._backlog(cur["assignment"], now)
+                backlog, fresh = stream_backlog(self.stream, self.dep.group, cur["assignment"], now, ends=ends,
+                                                clock=self.appends)
         except Exception as exc:  # noqa: BLE001 - a metrics outage must not crash the sensor
             log.warning("stream metrics unavailable (%s): holding, never scaling down", exc)
         if workers:  # the hot path: read only the last two minutes, not the whole history
@@ -226,10 +238,6 @@ class Autoscaler:
         kcfg = self.dep.kubernetes
         return KubernetesHook(kcfg.kubernetes_conn_id).core_v1_client.list_namespaced_pod(
             kcfg.namespace, label_selector=worker_selector(self.job)).items
-
-    def _backlog(self, assignment: dict, now: float) -> tuple[float, float]:
-        """(backlog in samples, age in s of the oldest unprocessed sample): :func:`stream_backlog`."""
-        return stream_backlog(self.stream, self.dep.group, assignment, now)
 
     def record_traffic(self, now: float) -> int:
         """Write the stream's arrivals per completed ``bin_s`` bin to the traffic history the
@@ -318,27 +326,34 @@ class Autoscaler:
             log.error("SLO-risk alert check failed: %s", exc)
 
 
-def stream_backlog(stream, group: str, assignment: dict, now: float) -> tuple[float, float]:
+def stream_backlog(stream, group: str, assignment: dict, now: float, *, ends: dict[int, int] | None = None,
+                   clock: AppendClock | None = None) -> tuple[float, float]:
     """(backlog, oldest age) of a job's slices: the samples between each slice's committed
     position and its partition's end, weighted by the slice's width, and ``now`` minus the
     append time of the oldest record at a position with samples pending (0 when none is).
 
-    Three stream calls whatever the number of slices (end offsets, the slices' commits in one
-    ``committed_many``, the pending positions' records in one ``timestamps_at``): on Kafka a
-    constant number of broker requests per poke, not two per slice."""
-    ends = stream.end_offsets()
-    slices = [(f"{group}/{sl.group_suffix}", sl) for w in assignment
-              for sl in slices_for({"assignment": assignment}, int(w))]
+    ``ends``: the end offsets the caller has just read (else read here). A ``clock`` of the
+    end offsets observed at earlier pokes dates the pending records it encloses; the others
+    are read. At most three stream calls whatever the number of slices (end offsets, the
+    slices' commits in one ``committed_many``, the undated positions' records in one
+    ``timestamps_at``): on Kafka a constant number of broker requests per poke, not two per
+    slice, and no Fetch at all while the backlog is younger than the clock's memory."""
+    ends = stream.end_offsets() if ends is None else ends
+    slices = [(f"{group}/{sl.group_suffix}", sl) for _, sl in all_slices(assignment)]
     positions = stream.committed_many([(key, sl.partition) for key, sl in slices])
-    backlog, pending = 0.0, []
-    for key, sl in slices:  # the order of the per-slice sum is the assignment's, as before
+    backlog, pending, dated = 0.0, [], [now]
+    for key, sl in slices:
         pos = positions[(key, sl.partition)]
         ahead = ends.get(sl.partition, 0) - pos
         if ahead > 0:
             backlog += ahead * (sl.hi - sl.lo)
-            pending.append((sl.partition, pos))
+            t = clock.time_of(sl.partition, pos) if clock is not None else None
+            if t is None:
+                pending.append((sl.partition, pos))
+            else:
+                dated.append(t)
     times = stream.timestamps_at(pending) if pending else {}
-    oldest = min([now, *(t for t in times.values() if t is not None)])
+    oldest = min([*dated, *(t for t in times.values() if t is not None)])
     return backlog, max(0.0, now - oldest)
 
 

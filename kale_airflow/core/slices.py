@@ -44,10 +44,10 @@ def partition_number(pid) -> int:
     return int(text)
 
 
-def slices_for(assignment: dict, worker: int) -> list[Slice]:
-    """This worker's slices from an assignment document (worker -> [[partition, share]]).
-
-    Workers sharing a partition get consecutive ranges, ordered by worker id."""
+def all_slices(assignment: dict) -> list[tuple[int, Slice]]:
+    """Every worker's slices of an assignment document (worker -> [[partition, share]]), as
+    (worker, slice) in partition order: workers sharing a partition get consecutive ranges,
+    ordered by worker id, the last one's reaching 1."""
     raw = assignment.get("assignment", assignment)
     owners: dict[str, list[tuple[int, float]]] = {}
     for w, items in raw.items():
@@ -55,10 +55,14 @@ def slices_for(assignment: dict, worker: int) -> list[Slice]:
             owners.setdefault(p, []).append((int(w), float(share)))
     out = []
     for p, holders in sorted(owners.items()):
-        lo = 0.0
+        lo, last = 0.0, max(h[0] for h in holders)
         for w, share in sorted(holders):
-            hi = 1.0 if w == max(h[0] for h in holders) else min(1.0, lo + share)
-            if w == worker:
-                out.append(Slice(partition_number(p), lo, hi))
+            hi = 1.0 if w == last else min(1.0, lo + share)
+            out.append((w, Slice(partition_number(p), lo, hi)))
             lo = hi
     return out
+
+
+def slices_for(assignment: dict, worker: int) -> list[Slice]:
+    """This worker's slices of an assignment document (see :func:`all_slices`)."""
+    return [sl for w, sl in all_slices(assignment) if w == worker]

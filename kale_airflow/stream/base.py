@@ -28,6 +28,11 @@ class Record:
 class Stream(Protocol):
     """What workers, the producer and the autoscaler need from a stream."""
 
+    #: Reading a record costs a request to a server (Kafka): the autoscaler then dates the
+    #: records from the end offsets it observes (:class:`kale_airflow.core.appends.AppendClock`)
+    #: before it fetches any.
+    remote_records: bool
+
     def partitions(self) -> list[int]: ...
 
     def append(self, partition: int, payloads: list[bytes], ts: float | None = None) -> int: ...
@@ -71,7 +76,12 @@ class Stream(Protocol):
 
     def lag(self, group: str) -> dict[int, int]: ...
 
-    def arrivals(self, since_ts: float, until_ts: float | None = None) -> dict[int, int]: ...
+    def arrivals(self, since_ts: float, until_ts: float | None = None, *,
+                 ends: dict[int, int] | None = None) -> dict[int, int]:
+        """Records appended per partition in [since, until) (until None: up to now). ``ends``,
+        the :meth:`end_offsets` the caller has just read, stand for "now" where the stream
+        would otherwise ask for them again."""
+        ...
 
 
 class StreamError(KaleError, RuntimeError):

@@ -31,6 +31,7 @@ class EmbeddedStream:
     """SQLite-backed partitioned log with consumer-group commits."""
 
     name = "embedded"
+    remote_records = False
 
     def __init__(self, path: str | Path, partitions: int | None = None):
         self.path = Path(path)
@@ -152,8 +153,10 @@ class EmbeddedStream:
         commits = dict(self._db.execute("SELECT partition, offset FROM commits WHERE grp = ?", (group,)).fetchall())
         return {p: end - commits.get(p, 0) for p, end in self.end_offsets().items()}
 
-    def arrivals(self, since_ts: float, until_ts: float | None = None) -> dict[int, int]:
-        """Records appended per partition in [since, until)."""
+    def arrivals(self, since_ts: float, until_ts: float | None = None, *,
+                 ends: dict[int, int] | None = None) -> dict[int, int]:
+        """Records appended per partition in [since, until) (``ends``, the caller's end offsets,
+        saves a remote stream a request; this one counts its records)."""
         until = time.time() + 1e9 if until_ts is None else until_ts
         rows = self._db.execute("SELECT partition, COUNT(*) FROM records WHERE ts >= ? AND ts < ? "
                                 "GROUP BY partition", (since_ts, until)).fetchall()

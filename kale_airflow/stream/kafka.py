@@ -357,6 +357,7 @@ class KafkaStream:
     """The stream protocol over one Kafka topic."""
 
     name = "kafka"
+    remote_records = True
 
     def __init__(self, bootstrap: str, topic: str, config: dict | None = None, client=None, timeout_s: float = 10.0,
                  fetch_batch: int = 5000, read_wait_s: float = 1.0):
@@ -495,8 +496,8 @@ class KafkaStream:
             raise StreamError(f"topic {self.topic!r} not found on {self.bootstrap}: create it first")
         return sorted(topic.partitions)
 
-    def _list_offsets(self, spec_for) -> dict[int, int]:
-        parts = self.partitions()
+    def _list_offsets(self, spec_for, parts=None) -> dict[int, int]:
+        parts = self.partitions() if parts is None else parts
         self.stats["list_offsets_requests"] += 1
         futures = self.admin.list_offsets({self._tp(p): spec_for() for p in parts}, request_timeout=self.timeout)
         return {tp.partition: self._result(f, "list_offsets").offset for tp, f in futures.items()}
@@ -533,27 +534,32 @@ class KafkaStream:
                 ends[p] = max(ends[p], self.consumer.get_watermark_offsets(self._tp(p), cached=True)[1])
         return {p: (max(0, starts.get(p, 0)), max(0, end)) for p, end in sorted(ends.items())}
 
-    def arrivals(self, since_ts: float, until_ts: float | None = None) -> dict[int, int]:
+    def arrivals(self, since_ts: float, until_ts: float | None = None, *,
+                 ends: dict[int, int] | None = None) -> dict[int, int]:
         """Records appended per partition in [since, until): from the offsets at those times
         (``offsets_for_times``, Kafka's time index; the default), or with ``kale.arrivals:
         end-offsets`` from the end offsets this process observed over time (see
-        :class:`_EndHistory`)."""
+        :class:`_EndHistory`). ``ends``: the :meth:`end_offsets` the caller has just read, at
+        ``until`` (its "now"): they serve as the offsets there and name the partitions, so no
+        second Metadata and ListOffsets request is made for them."""
         from confluent_kafka.admin import OffsetSpec
 
         if self.arrivals_from == "end-offsets":
-            return self._arrivals_from_ends(since_ts, until_ts)
-        ends = self.end_offsets()
+            return self._arrivals_from_ends(since_ts, until_ts, fresh=ends is None)
+        given = ends is not None
+        ends = ends if given else self.end_offsets()
 
         def at(ts):
-            found = self._list_offsets(lambda: OffsetSpec.for_timestamp(int(ts * 1000)))
+            found = self._list_offsets(lambda: OffsetSpec.for_timestamp(int(ts * 1000)), list(ends))
             return {p: (ends[p] if found.get(p, -1) < 0 else min(found[p], ends[p])) for p in ends}
 
         start = at(since_ts)
-        stop = ends if until_ts is None else at(until_ts)
+        stop = ends if until_ts is None or given else at(until_ts)
         return {p: max(0, stop[p] - start[p]) for p in ends}
 
-    def _arrivals_from_ends(self, since_ts: float, until_ts: float | None) -> dict[int, int]:
-        self.end_offsets()
+    def _arrivals_from_ends(self, since_ts: float, until_ts: float | None, fresh: bool = True) -> dict[int, int]:
+        if fresh:  # else the caller's end_offsets() just added its observation
+            self.end_offsets()
         seen = self._ends_seen
         wait = seen.sample_s - (seen.times[-1] - seen.times[0])
         if wait > 0:  # a new process: observe over one short sample first

@@ -57,7 +57,8 @@ def test_the_batched_backlog_equals_the_per_slice_one_on_a_real_broker(counted_k
     assignment = generation(counted_kafka, topic, 12, 7, skew=True)  # whole and shared partitions
     auto = KafkaStream(counted_kafka.bootstrap, topic, {"client.id": "auto"})
     got = stream_backlog(auto, "kale", assignment, 2_000.0)
-    assert got == per_slice_backlog(KafkaStream(counted_kafka.bootstrap, topic), "kale", assignment, 2_000.0)
+    assert got == pytest.approx(per_slice_backlog(KafkaStream(counted_kafka.bootstrap, topic), "kale", assignment, 2_000.0),
+                                rel=1e-12)
     assert got[0] > 0 and got[1] == pytest.approx(1000.0)  # the oldest pending record: partition 0, offset 0
     slices = [sl for w in assignment for sl in slices_for({"assignment": assignment}, int(w))]
     pairs = [(f"kale/{sl.group_suffix}", sl.partition) for sl in slices]
@@ -108,6 +109,36 @@ def test_the_requests_of_a_backlog_do_not_grow_with_the_slices(counted_kafka):
     # partitions, measured), never one per slice: per slice would be 8 and 64.
     assert min(r["Fetch"] for r in small) <= 4 and min(r["Fetch"] for r in large) <= 10, (small, large)
     assert max(r["Fetch"] for r in large) < 16, large
+
+
+def test_a_clock_of_the_observed_ends_dates_the_backlog_without_a_fetch(counted_kafka):
+    """The pending records lie between two observed end offsets: dated from those, no record is
+    fetched. Where they are older than the clock's first observation, they are fetched."""
+    from kale_airflow.core.appends import AppendClock
+
+    topic = filled(counted_kafka, 8, per_partition=200)  # 201 records per partition
+    assignment = generation(counted_kafka, topic, 8, 4)  # pending from offset 0 (the uncommitted slice)
+    auto = KafkaStream(counted_kafka.bootstrap, topic, {"client.id": "auto-clock"})
+    ends = auto.end_offsets()
+    assert set(ends.values()) == {201}
+
+    def backlog(first_ends):
+        clock = AppendClock()
+        clock.observe(1500.0, first_ends)
+        clock.observe(1900.0, ends)
+        before = counted_kafka.proxy.counts()
+        got = stream_backlog(auto, "kale", assignment, 2_000.0, ends=ends, clock=clock)
+        return got, requests_between(before, counted_kafka.proxy.counts(), "auto-clock")
+
+    (queued, age), asked = backlog({p: 0 for p in ends})
+    # offset 0 of 201 spread over (1500, 1900]: 1500 + 0.5 / 201 * 400; its real time is 1000
+    assert age == pytest.approx(2000.0 - (1500.0 + 0.5 / 201 * 400))
+    assert set(asked) <= {"FindCoordinator", "OffsetFetch"}, asked  # the commits only: no Fetch
+    (queued_again, age), asked = backlog({p: 40 for p in ends})  # every pending position older than the clock
+    real = per_slice_backlog(KafkaStream(counted_kafka.bootstrap, topic), "kale", assignment, 2_000.0)
+    assert (queued_again, age) == (queued, pytest.approx(real[1])) and real[1] > 900  # fetched: the real time
+    assert asked.get("Fetch", 0) >= 1, asked
+    auto.close()
 
 
 @pytest.mark.xfail(strict=True, reason="Tansu 0.6 drops commit metadata")
