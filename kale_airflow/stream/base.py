@@ -78,9 +78,9 @@ class Stream(Protocol):
 
     def arrivals(self, since_ts: float, until_ts: float | None = None, *,
                  ends: dict[int, int] | None = None) -> dict[int, int]:
-        """Records appended per partition in [since, until) (until None: up to now). ``ends``,
-        the :meth:`end_offsets` the caller has just read, stand for "now" where the stream
-        would otherwise ask for them again."""
+        """Records appended per partition in [since, until) (until None: up to now). ``ends``:
+        the :meth:`end_offsets` the caller has just read, at ``until``, which a remote stream
+        uses instead of asking for them again."""
         ...
 
 
