@@ -84,6 +84,16 @@ def test_offline_schedule_is_the_cheapest_schedule_and_counts_its_rescales(rates
     assert rescales in {sum(a != b for a, b in zip((2,) + s, s)) for s in optimal}
 
 
+def test_a_schedule_that_starts_from_no_workers_counts_that_start_as_a_rescale():
+    """From 0 workers (a job not started yet) the first count is a change like any other."""
+    rates = [0.0, 0.0, 150.0]
+    prices = Prices(D, 0.0, 0)
+    gpu_s, rescales = offline_schedule(np.array(rates) * STEP, CAP, STEP, prices, 0)
+    assert gpu_s == pytest.approx(min(schedule_cost(s, 0, rates, CAP, prices)
+                                      for s in itertools.product(range(len(CAP)), repeat=3)))
+    assert rescales == 1  # idle at 0 while nothing arrives, then one start
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.floats(0, 1e4), min_size=2, max_size=9), st.floats(0, 100))
 def test_cheapest_moves_match_brute_force_in_both_directions(g, d):

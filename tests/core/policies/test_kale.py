@@ -179,6 +179,19 @@ def test_first_start_plans_from_nothing_running_and_carries_the_plans_figures():
     assert d.message == f"no training generation is running; starting {d.workers} worker(s)"
 
 
+def test_first_start_plans_for_what_arrives_now_when_it_is_above_the_forecast():
+    forecast_only = kale([1000.0] * 40).first_start(obs(0, 0, 1000.0)).workers
+    d = kale([1000.0] * 40).first_start(obs(0, 0, 20000.0))
+    # The first step (the bin in progress and the next, 300 s each) plans for their mean rate.
+    assert d.workers >= (20000.0 + 1000.0) / 2 / PER > forecast_only
+
+
+def test_first_start_pays_the_start_pause_at_every_count():
+    """One worker carries 900/s, but not the backlog of its own 90 s start as well: its
+    spare 100/s would drain it for 13 minutes, so the plan starts two."""
+    assert kale([900.0] * 40).first_start(obs(0, 0, 900.0)).workers == 2
+
+
 def test_first_start_without_a_measured_throughput_starts_the_floor_and_says_why():
     capacity = OnlineThroughput([], [], max_workers=64)
     policy = KalePolicy(Limits(3, 64), OracleForecastSource(0.0, TICK, np.full(80, 4000.0)), capacity, CFG)
@@ -200,6 +213,32 @@ def test_a_plans_figures_are_its_costs_in_gpu_hours_and_its_rates():
     assert plan.details(3)["stay_gpu_h"] == 2.5
     assert Plan(1, np.array([0.0, 1.23456 * 3600]), np.ones(2, bool), np.zeros(2), 0.0, 0.0, "x").details(1)[
         "plan_gpu_h"] == 1.2346  # rounded to 4 places
+
+
+def test_state_round_trips_the_forecast_sources_bins():
+    """A policy rebuilt between pokes forecasts from the bins its predecessor saw, and a
+    state saved without them (an older release) leaves the new policy's own."""
+    from kale_airflow.core.forecast import get_forecaster
+    from tests.conftest import daily_series
+
+    history = daily_series(days=8, step_s=300) * 0 + 6000.0
+    now = history.index[-1].value / 1e9 + 300
+
+    def built(with_history):
+        return build_kale(LIMITS, get_forecaster("seasonal"), ([1, 8], [1000.0, 8000.0]), CFG,
+                          history=history if with_history else None)
+
+    p = built(True)
+    for k in range(40):
+        p.decide(obs(now + k * TICK, 6, 6000.0 + 100.0 * k))
+    q = built(False)
+    q.load_state_dict(p.state_dict())
+    assert q.forecast.state_dict() == p.forecast.state_dict()
+    assert q.plan(obs(now + 40 * TICK, 6, 9000.0)).target == p.plan(obs(now + 40 * TICK, 6, 9000.0)).target
+    r = built(True)
+    own = r.forecast.state_dict()
+    r.load_state_dict({"want": None})
+    assert r.forecast.state_dict() == own
 
 
 def test_state_round_trips_the_persistence_window():
