@@ -200,3 +200,38 @@ def test_a_queue_that_keeps_growing_breaks_the_slo_even_past_a_short_horizon():
     # the queue never drains, so the oldest sample passes the SLO sooner or later.
     fs = first_step(CAP, Start(0, 0.0, 0.0, 300.0), 10.0, 300.0, 30.0, np.zeros(len(CAP)), Prices(1.0, 1e-3, 1), 300.0)
     assert not fs.slo_ok[1] and fs.slo_ok[4]  # 4 workers (340/s) keep up
+
+
+def test_what_is_left_queued_is_charged_over_the_rest_drained_or_growing():
+    """Counts that end the first step with a queue: charged as drained at the next step's
+    spare capacity where they have some, as growing at their shortfall where they have none;
+    the oldest sample ages at the share of arrivals a count cannot serve."""
+    prices, rest = Prices(D, 1e-3, 1), 600.0
+    fs = first_step(CAP, Start(3, 2e4, 30.0, 300.0), 400.0, 150.0, rest, np.zeros(len(CAP)), prices, 300.0)
+    queued, run = 2e4 + 300.0 * D, 400.0 - D  # a move pauses 90 s first
+
+    def charged(m, pause, q, ran, end, tail):
+        lag = pause * (2e4 + q) / 2 + ran * (q + end) / 2 + tail
+        return m * 400.0 + max(3 - m, 0) * pause + prices.lag_price * lag
+
+    end1 = queued + 200.0 * run              # 100/s: 200/s short now, 50/s short next
+    assert fs.cost[1] == pytest.approx(charged(1, D, queued, run, end1, end1 * rest + 50.0 * rest ** 2 / 2), rel=1e-12)
+    assert fs.freshness_s[1] == math.inf
+    end2 = queued + 110.0 * run              # 190/s: behind now, 40/s spare next
+    assert fs.cost[2] == pytest.approx(charged(2, D, queued, run, end2, end2 ** 2 / 80.0), rel=1e-12)
+    assert fs.freshness_s[2] == pytest.approx(30.0 + D + run * (1 - 190.0 / 300.0), rel=1e-12)
+    end3 = 2e4 + 30.0 * 400.0                # 270/s stays: no pause
+    assert fs.cost[3] == pytest.approx(charged(3, 0.0, 2e4, 400.0, end3, end3 ** 2 / 240.0), rel=1e-12)
+    assert fs.freshness_s[3] == pytest.approx(30.0 + 400.0 * (1 - 270.0 / 300.0), rel=1e-12)
+    # Drained within the step: no charge after it (4 workers, 340/s, at 150/s).
+    fs = first_step(CAP, Start(2, 0.0, 0.0, 150.0), 400.0, 150.0, rest, np.zeros(len(CAP)), prices, 300.0)
+    q = 150.0 * D
+    assert fs.backlog[4] == 0.0
+    assert fs.cost[4] == pytest.approx(4 * 400.0 + prices.lag_price * (D * q / 2 + q * (q / 190.0) / 2), rel=1e-12)
+
+
+def test_an_idle_stream_is_where_the_offline_optimum_scales_down():
+    """Nothing arrives: the cheapest schedule moves to the floor at once, holding the old
+    count through the pause."""
+    gpu_s, rescales = offline_schedule(np.zeros(3), CAP, STEP, Prices(D, 0.0, 1), 4)
+    assert (gpu_s, rescales) == (pytest.approx(3 * STEP + 3 * D), 1)

@@ -5,6 +5,8 @@ The forecast comes from a real source fed the scripted future (``OracleForecastS
 and the capacity from a fixed table (``KnownCapacity``): inputs, not our decision logic.
 """
 
+import math
+
 import numpy as np
 import pytest
 
@@ -211,8 +213,8 @@ def test_a_plans_figures_are_its_costs_in_gpu_hours_and_its_rates():
     assert plan.details(0)["stay_gpu_h"] is None  # staying at 0 is not allowed (inf)
     assert plan.details(4)["stay_gpu_h"] is None  # a count beyond the plan's table
     assert plan.details(3)["stay_gpu_h"] == 2.5
-    assert Plan(1, np.array([0.0, 1.23456 * 3600]), np.ones(2, bool), np.zeros(2), 0.0, 0.0, "x").details(1)[
-        "plan_gpu_h"] == 1.2346  # rounded to 4 places
+    rounded = Plan(1, np.array([0.0, 1.23456 * 3600]), np.ones(2, bool), np.zeros(2), 0.0, 0.0, "x").details(1)
+    assert rounded["plan_gpu_h"] == rounded["stay_gpu_h"] == 1.2346  # rounded to 4 places
 
 
 def test_state_round_trips_the_forecast_sources_bins():
@@ -256,11 +258,23 @@ def test_state_round_trips_the_persistence_window():
 @pytest.mark.parametrize("fields, message", [
     ({"horizon_s": 100.0}, "horizon_s .* two restarts"),
     ({"wait_cost": -1.0}, "wait_cost and persist_s"),
+    ({"persist_s": -1.0}, "wait_cost and persist_s"),
     ({"forecast_quantile": 1.0}, "forecast_quantile"),
+    ({"forecast_quantile": 0.0}, "forecast_quantile"),
+    ({"slo_s": 0.0}, "slo_s and interval_s"),
+    ({"interval_s": 0.0}, "slo_s and interval_s"),
 ])
 def test_config_validation_names_the_setting(fields, message):
     with pytest.raises(ValueError, match=message):
         KaleConfig(**fields)
+
+
+@pytest.mark.parametrize("fields", [{"slo_s": 0.5}, {"interval_s": 0.5}, {"persist_s": 0.0}, {"persist_s": 0.5},
+                                    {"horizon_s": 180.0}, {"horizon_s": 250.0}],
+                         ids=["slo-below-1s", "interval-below-1s", "no-persistence", "persist-below-1s",
+                              "horizon-exactly-two-restarts", "horizon-under-three-restarts"])
+def test_config_accepts_the_edges_of_its_ranges(fields):
+    KaleConfig(**{"rescale_downtime_s": 90.0, **fields})
 
 
 def test_kale_config_has_at_most_six_tunables():
@@ -304,3 +318,170 @@ def test_build_kale_plans_on_the_fitted_capacity_of_what_was_measured():
     d = p.first_start(obs(now, 0, 6000.0))
     truth = kale([6000.0] * 40, table=cluster.capacity_table(64)).first_start(obs(0, 0, 6000.0))
     assert truth.workers <= d.workers <= truth.workers + 1  # the fit is conservative by a worker at most
+
+
+# ---------------------------------------------------------------- what every decision says
+def test_the_holds_carry_the_plans_figures_and_say_why():
+    p = kale([20000] * 2 + [30000] * 30)
+    stabilizing = p.decide(obs(0, 20, 20000))
+    plan = kale([20000] * 2 + [30000] * 30).plan(obs(0, 20, 20000))
+    assert stabilizing.details == plan.details(20)
+    assert stabilizing.message.endswith("; waiting until the plan holds 60 s")
+    pending = kale([20000] * 2 + [30000] * 30).decide(obs(0, 20, 20000, ready_workers=18))
+    assert pending.details == plan.details(20)
+    assert pending.message == "2 of 20 workers are Pending for lack of capacity; holding at 20 instead of asking for 30"
+    missing = kale([15000] * 40).decide(obs(0, 30, None))
+    assert missing.details == kale([15000] * 40).plan(obs(0, 30, None)).details(30)
+    assert missing.message == "arrival rate or backlog missing: never scale down on missing data"
+    held = kale([25000] * 40).decide(obs(0, 25, 25000))
+    assert held.message == "25 workers are the cheapest plan for oracle (peak 25000/s)"
+    rescaling = kale([60000] * 40).decide(obs(0, 20, 60000, rescaling=True))
+    assert rescaling.message == "rescale in progress; waiting for workers to restore"
+
+
+def test_a_scale_up_goes_when_every_running_worker_is_ready():
+    d = run(kale([20000] * 2 + [30000] * 30), 20, 20000, ready_workers=20)
+    assert d.workers > 20 and d.reason == Reason.SCALE_UP_FORECAST
+
+
+def test_the_persistence_window_is_not_cut_short():
+    p = kale([20000] * 2 + [30000] * 30)
+    p.decide(obs(0.0, 20, 20000))
+    assert p.decide(obs(59.5, 20, 20000)).reason == Reason.HOLD_STABILIZING
+    assert p.decide(obs(60.0, 20, 20000)).reason == Reason.SCALE_UP_FORECAST
+
+
+def test_a_change_after_a_hold_waits_its_own_window():
+    p = kale([25000] * 40)
+    assert p.decide(obs(0, 25, 25000)).reason == Reason.HOLD
+    assert p.decide(obs(TICK, 50, 25000)).reason == Reason.HOLD_STABILIZING
+
+
+def test_a_policy_keeps_its_name_and_decision_interval():
+    p = KalePolicy(LIMITS, OracleForecastSource(0.0, TICK, np.ones(10)), KnownCapacity(TABLE),
+                   KaleConfig(interval_s=30.0), name="kale-clairvoyant")
+    assert (p.name, p.interval_s) == ("kale-clairvoyant", 30.0)
+
+
+def test_a_second_change_after_an_applied_one_waits_its_own_window():
+    p = kale([20000] * 2 + [30000] * 30, KaleConfig(horizon_s=5400.0, persist_s=30.0, rescale_downtime_s=90.0))
+    d = run(p, 20, 20000)
+    assert d.workers > 20
+    assert p.decide(obs(100 * TICK, 50, 20000)).reason == Reason.HOLD_STABILIZING  # too many now: a new window
+
+
+def test_the_messages_figures_are_the_plans_costs_in_gpu_hours():
+    d = run(kale([15000] * 40), 30, 15000)
+    plan = kale([15000] * 40).plan(obs(0, 30, 15000))
+    saved = (plan.cost[30] - plan.cost[d.workers]) / 3600
+    assert d.reason == Reason.SCALE_DOWN_FORECAST and f"saves {saved:.2f} GPU-h over staying" in d.message
+    hold = kale([10000] * 2 + [25000] * 30).decide(obs(0, 25, 10000))
+    plan = kale([10000] * 2 + [25000] * 30).plan(obs(0, 25, 10000))
+    smaller = [n for n in range(1, 25) if TABLE[n] >= plan.rate]
+    alt = min(smaller, key=lambda n: plan.cost[n])
+    assert hold.reason == Reason.HOLD_NOT_WORTH_DOWNTIME
+    assert hold.message == (f"{alt} workers would keep up now, but the rescale and its way back cost "
+                            f"{(plan.cost[alt] - plan.cost[25]) / 3600:.2f} GPU-h more than staying at 25")
+
+
+def test_the_policy_learns_from_what_it_observes_and_not_while_rescaling():
+    capacity = OnlineThroughput([2] * 5, [1800.0] * 5, max_workers=64)
+    p = KalePolicy(LIMITS, OracleForecastSource(0.0, TICK, np.full(800, 20000.0)), capacity, CFG)
+    p.decide(Observation(0, 10, 20000, 0.0, 0.0, None, 9000.0, True))
+    assert 10 not in capacity._obs
+    p.decide(Observation(TICK, 10, 20000, 0.0, 0.0, None, 9000.0))
+    assert list(capacity._obs[10]) == [9000.0]
+    from kale_airflow.core.forecast import get_forecaster
+
+    built = build_kale(LIMITS, get_forecaster("seasonal"), ([1, 8], [1000.0, 8000.0]), CFG)
+    for k in range(4):
+        built.decide(obs(k * TICK, 6, 7000.0))
+    assert built.forecast.recent_max(4 * TICK, 3600.0) == pytest.approx(7000.0)
+
+
+# ---------------------------------------------------------------- how a plan is assembled
+def by_hand(policy, o):
+    """The documented assembly of a plan: the first step runs from now to the end of the next
+    bin at the mean of now's rate (the forecast's or the measured one, whichever is higher)
+    and the next bin's, from what is measured; the steps after it are the horizon's bins."""
+    from kale_airflow.core.planning import Prices, Start, first_step, values_to_go
+
+    cfg, now = policy.config, o.now_s
+    bins = max(3, math.ceil(cfg.horizon_s / BIN) + 1)
+    rates, _ = policy.forecast.path(now, bins)
+    b = now // BIN
+    left = (b + 1) * BIN - now
+    first_rate = (max(rates[0], o.arrival_rate or 0.0) * left + rates[1] * BIN) / (left + BIN)
+    prices = Prices(cfg.rescale_downtime_s, cfg.wait_cost / max(1.0, np.mean(rates)), policy.limits.min_workers,
+                    cfg.slo_s)
+    table = np.asarray(policy.capacity.table[:65], dtype=float)
+    tail = rates[2:]
+    start = Start(o.workers, o.backlog or 0.0, o.freshness_lag_s or 0.0, first_rate)
+    return first_rate, first_step(table, start, (b + 2) * BIN - now, tail[0], BIN * len(tail),
+                                  values_to_go(table, tail, BIN, prices), prices, cfg.slo_s)
+
+
+@pytest.mark.parametrize("config", [CFG, KaleConfig(horizon_s=180.0, wait_cost=1.0, slo_s=300.0)],
+                         ids=["90-min horizon", "horizon under a bin"])
+@pytest.mark.parametrize("measured", [{"rate": 22000.0, "backlog": 1e6, "fresh": 40.0},
+                                      {"rate": 29000.0, "backlog": 3e6, "fresh": None}],
+                         ids=["forecast above arrivals", "arrivals above forecast, freshness unknown"])
+def test_a_plan_is_the_documented_first_step_over_the_horizons_bins(config, measured):
+    p = kale([20000, 24000, 28000, 26000] + [30000] * 40, config)
+    o = obs(400.0, 20, measured["rate"], backlog=measured["backlog"], fresh=measured["fresh"])
+    plan = p.plan(o)
+    rate, fs = by_hand(p, o)
+    assert plan.rate == pytest.approx(rate)
+    np.testing.assert_allclose(plan.cost, fs.cost, rtol=1e-12)
+    np.testing.assert_allclose(plan.freshness_s, fs.freshness_s, rtol=1e-12)
+    assert (plan.slo_ok == fs.slo_ok).all()
+
+
+def test_a_refitted_capacity_replans_within_the_bin():
+    """Plans and their later steps are reused while nothing they depend on changes; a refit
+    of the capacity table (a new count measured) is such a change."""
+    def policy():
+        capacity = OnlineThroughput([2] * 5, [1800.0] * 5, max_workers=64)
+        return KalePolicy(LIMITS, OracleForecastSource(0.0, TICK, np.full(800, 20000.0)), capacity, CFG)
+
+    p = policy()
+    p.decide(obs(0, 20, 20000))
+    learnt = p.decide(Observation(TICK, 20, 20000, 0.0, 0.0, None, 30000.0))
+    fresh = policy()
+    fresh.capacity.observe(TICK, 20, 30000.0)
+    assert learnt.details == fresh.plan(obs(TICK, 20, 20000)).details(20)
+
+
+def test_the_fallback_plans_for_the_peak_of_the_last_half_horizon():
+    """Before its forecast is available (fewer than 4 bins), a real source's recent peak is
+    taken over half the horizon (45 min: the last two 20-minute bins and the one in progress)."""
+    from kale_airflow.core.forecast import get_forecaster
+    from kale_airflow.core.sources import OnlineForecastSource
+
+    source = OnlineForecastSource(get_forecaster("seasonal"), bin_s=1200.0, quantile=0.5)
+    for b, rate in enumerate([30000.0, 20000.0, 10000.0]):
+        source.observe((b + 1) * 1200.0, rate)
+    p = KalePolicy(LIMITS, source, KnownCapacity(TABLE), CFG)
+    d = p.decide(obs(3 * 1200.0 + 600.0, 30, 5000.0))
+    assert d.details["source"] == "fallback (only 3 bins of history)"
+    assert d.details["planned_rate"] == pytest.approx(20000.0 * (1 + FALLBACK_MARGIN))
+
+
+def test_a_fallback_with_nothing_observed_plans_for_nothing():
+    class Nothing(Unavailable):
+        def recent_max(self, now_s, window_s):
+            return None
+
+    d = KalePolicy(LIMITS, Nothing(0.0, TICK, np.ones(10)), KnownCapacity(TABLE), CFG).decide(obs(0, 3, None))
+    assert d.details["planned_rate"] == 0.0
+
+
+def test_a_plan_made_with_a_backlog_is_not_reused_once_it_is_gone_nor_the_other_way_round():
+    def fresh_plan(o):
+        return kale([20000] * 40).plan(o).details(22)
+
+    p = kale([20000] * 40)
+    quiet, queued = obs(0, 22, 20000), obs(TICK, 22, 20000, backlog=4e6)
+    assert p.decide(quiet).details == fresh_plan(quiet)
+    assert p.decide(queued).details == fresh_plan(queued) != fresh_plan(quiet)
+    assert p.decide(obs(2 * TICK, 22, 20000)).details == fresh_plan(obs(2 * TICK, 22, 20000))
