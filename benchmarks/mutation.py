@@ -124,13 +124,13 @@ def tally(mutants: Path, equivalent: dict[str, str]) -> tuple[dict, dict]:
     return modules, survivors
 
 
-def run_mutmut(budget_s: float, log: Path) -> bool:
-    """``mutmut run`` in its own process group; stopped (the whole group) at the budget."""
+def run_mutmut(budget_s: float, log: Path, names: list[str] = ()) -> bool:
+    """``mutmut run [NAMES]`` in its own process group; stopped (the whole group) at the budget."""
     with log.open("w") as fh:
         # One math thread per test process: mutmut forks a process per mutant from one that has
         # run torch, and a forked OpenMP pool deadlocks (the worker's tests then time out).
         env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        proc = subprocess.Popen([sys.executable, "-m", "mutmut", "run"], cwd=ROOT, stdout=fh, env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "mutmut", "run", *names], cwd=ROOT, stdout=fh, env=env,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
             proc.wait(timeout=budget_s)
@@ -155,26 +155,69 @@ def print_report(doc: dict) -> None:
                 print(f"  UNEXPLAINED {r['mutant']}: {r['change']}")
 
 
+def mutated_modules() -> list[str]:
+    """``[tool.mutmut] only_mutate`` of pyproject.toml."""
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]["only_mutate"]
+
+
+def mutant_glob(module: str) -> str:
+    """mutmut's name pattern for the mutants of one file: ``kale_airflow/core/planning.py`` ->
+    ``kale_airflow.core.planning.*``."""
+    return module.removesuffix(".py").replace("/", ".") + ".*"
+
+
+def head_commit() -> str | None:
+    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return proc.stdout.strip() or None
+
+
+def merged(previous: dict, modules: dict, survivors: dict, only: list[str]) -> tuple[dict, dict]:
+    """The result file's modules and survivors with ``only``'s replaced by this run's: a run of
+    a few modules keeps the others' figures from the run that made them (each module says at
+    which commit it ran)."""
+    keep = {k: v for k, v in previous.get("modules", {}).items() if k not in only}
+    kept_survivors = {k: v for k, v in previous.get("survivors", {}).items() if k not in only}
+    return ({**keep, **{k: modules[k] for k in only if k in modules}},
+            {**kept_survivors, **{k: survivors[k] for k in only if k in survivors}})
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--budget-s", type=float, default=19 * 60, help="stop mutmut after this many seconds")
     ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "mutation.json"))
     ap.add_argument("--report-only", action="store_true", help="tally the last run without running mutmut")
     ap.add_argument("--keep", action="store_true", help="reuse mutants/ (mutmut's cache) instead of starting afresh")
+    ap.add_argument("--modules", nargs="+", metavar="PATH", default=[],
+                    help="mutate only these files of [tool.mutmut] only_mutate (e.g. kale_airflow/core/planning.py) "
+                         "and merge their figures into the result file; the other modules keep theirs")
     args = ap.parse_args()
+    unknown = sorted(set(args.modules) - set(mutated_modules()))
+    if unknown:
+        ap.error(f"not in [tool.mutmut] only_mutate of pyproject.toml: {', '.join(unknown)} "
+                 f"(one of: {', '.join(mutated_modules())})")
     t0 = time.monotonic()
-    finished, run_wall_s = None, None
+    finished, run_wall_s, last = None, None, None
     if args.report_only and Path(args.json).exists():  # keep the last run's figures
         last = json.loads(Path(args.json).read_text())
         finished, run_wall_s = last.get("finished"), last.get("run_wall_s")
     if not args.report_only:
         if not args.keep:
             shutil.rmtree(ROOT / "mutants", ignore_errors=True)
-        finished = run_mutmut(args.budget_s, ROOT / "mutants-run.log")
+        finished = run_mutmut(args.budget_s, ROOT / "mutants-run.log", [mutant_glob(m) for m in args.modules])
         run_wall_s = round(time.monotonic() - t0, 1)
         if not finished:
             print(f"mutmut stopped at the {args.budget_s:.0f} s budget; mutants not run are reported as such")
     modules, survivors = tally(ROOT / "mutants", load_equivalent())
+    commits = ({name: m.get("commit") for name, m in last["modules"].items()} if args.report_only and last
+               else dict.fromkeys(args.modules or modules, head_commit()))
+    for name, commit in commits.items():
+        if name in modules:
+            modules[name]["commit"] = commit
+    if args.modules and Path(args.json).exists():
+        modules, survivors = merged(json.loads(Path(args.json).read_text()), modules, survivors, args.modules)
+    finished = finished and all(m["not_run"] == 0 for m in modules.values())
     killed = sum(m["killed"] for m in modules.values())
     ran = killed + sum(m["survived"] for m in modules.values())
     unexplained = sum(1 for rows in survivors.values() for r in rows if not r["explained"])

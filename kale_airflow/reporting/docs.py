@@ -282,14 +282,15 @@ def chart_values_table(schema: dict | None = None, values_text: str | None = Non
 # ------------------------------------------------------------------ mutation testing
 def mutation_table(path: Path | None = None) -> str:
     """Per mutated module: mutants killed, surviving (of them explained), not run within the
-    budget, and the score, from the result file ``make mutation`` writes."""
+    budget, the score and the commit it ran at, from the result file ``make mutation`` writes."""
     doc = json.loads(path.read_text()) if path else _result("mutation.json")
     rows = [[f"`{name}`", m["killed"], f"{m['survived']} ({m['explained']} explained)", m.get("not_run", 0),
-             "-" if m["score"] is None else f"{m['score']:.2f}"] for name, m in doc["modules"].items()]
+             "-" if m["score"] is None else f"{m['score']:.2f}", m.get("commit") or "-"]
+            for name, m in sorted(doc["modules"].items())]
     summary = (f"{doc['ran']:,} mutants run{'' if doc.get('finished', True) else ' (the time budget ran out)'}, "
                f"score {doc['score']}, {doc['unexplained']} survivor(s) not yet killed or explained (from "
                "`benchmarks/results/mutation.json`).")
-    return summary + "\n\n" + _table(["module", "killed", "survived", "not run", "score"], rows) + "\n"
+    return summary + "\n\n" + _table(["module", "killed", "survived", "not run", "score", "run at"], rows) + "\n"
 
 
 def fleet_poke() -> str:
