@@ -169,6 +169,7 @@ def mutant_glob(module: str) -> str:
 
 
 def head_commit() -> str | None:
+    """The short hash of the checked-out commit (None outside a git checkout)."""
     proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     return proc.stdout.strip() or None
 
@@ -210,8 +211,10 @@ def main() -> int:
         if not finished:
             print(f"mutmut stopped at the {args.budget_s:.0f} s budget; mutants not run are reported as such")
     modules, survivors = tally(ROOT / "mutants", load_equivalent())
-    commits = ({name: m.get("commit") for name, m in last["modules"].items()} if args.report_only and last
-               else dict.fromkeys(args.modules or modules, head_commit()))
+    if args.report_only:  # the commits the last run recorded
+        commits = {name: m.get("commit") for name, m in (last or {}).get("modules", {}).items()}
+    else:
+        commits = dict.fromkeys(args.modules or modules, head_commit())
     for name, commit in commits.items():
         if name in modules:
             modules[name]["commit"] = commit

@@ -12,9 +12,11 @@ import pytest
 
 from kale_airflow.core.capacity import KnownCapacity, OnlineThroughput
 from kale_airflow.core.cluster import ClusterModel
+from kale_airflow.core.forecast import get_forecaster
 from kale_airflow.core.policies import KaleConfig, KalePolicy, Limits, Observation, Reason, build_kale
 from kale_airflow.core.policies.kale import FALLBACK_MARGIN, planned_downtime
-from kale_airflow.core.sources import OracleForecastSource
+from kale_airflow.core.sources import OnlineForecastSource, OracleForecastSource
+from tests.conftest import daily_series
 
 PER = 1000.0                    # samples/s per worker: a linear cluster keeps the arithmetic readable
 TABLE = PER * np.arange(65.0)   # 0..64 workers
@@ -220,9 +222,6 @@ def test_a_plans_figures_are_its_costs_in_gpu_hours_and_its_rates():
 def test_state_round_trips_the_forecast_sources_bins():
     """A policy rebuilt between pokes forecasts from the bins its predecessor saw, and a
     state saved without them (an older release) leaves the new policy's own."""
-    from kale_airflow.core.forecast import get_forecaster
-    from tests.conftest import daily_series
-
     history = daily_series(days=8, step_s=300) * 0 + 6000.0
     now = history.index[-1].value / 1e9 + 300
 
@@ -309,9 +308,6 @@ def test_the_planned_downtime_never_exceeds_its_cap():
 def test_build_kale_plans_on_the_fitted_capacity_of_what_was_measured():
     cluster = ClusterModel(noise_sd=0.0)
     n = np.repeat([1, 2, 4, 8, 16, 32, 64], 10)
-    from kale_airflow.core.forecast import get_forecaster
-    from tests.conftest import daily_series
-
     history = daily_series(days=8, step_s=300) * 0 + 6000.0
     p = build_kale(LIMITS, get_forecaster("seasonal"), (n, cluster.capacity(n)), CFG, history=history)
     now = history.index[-1].value / 1e9 + 300
@@ -391,8 +387,6 @@ def test_the_policy_learns_from_what_it_observes_and_not_while_rescaling():
     assert 10 not in capacity._obs
     p.decide(Observation(TICK, 10, 20000, 0.0, 0.0, None, 9000.0))
     assert list(capacity._obs[10]) == [9000.0]
-    from kale_airflow.core.forecast import get_forecaster
-
     built = build_kale(LIMITS, get_forecaster("seasonal"), ([1, 8], [1000.0, 8000.0]), CFG)
     for k in range(4):
         built.decide(obs(k * TICK, 6, 7000.0))
@@ -455,8 +449,6 @@ def test_a_refitted_capacity_replans_within_the_bin():
 def test_the_fallback_plans_for_the_peak_of_the_last_half_horizon():
     """Before its forecast is available (fewer than 4 bins), a real source's recent peak is
     taken over half the horizon (45 min: the last two 20-minute bins and the one in progress)."""
-    from kale_airflow.core.forecast import get_forecaster
-    from kale_airflow.core.sources import OnlineForecastSource
 
     source = OnlineForecastSource(get_forecaster("seasonal"), bin_s=1200.0, quantile=0.5)
     for b, rate in enumerate([30000.0, 20000.0, 10000.0]):
