@@ -117,13 +117,12 @@ class ThroughputModel:
 
     def predict(self, n) -> np.ndarray:
         """Mean samples/s for worker count(s) n."""
-        mean, _ = self._time_per_sample(np.atleast_1d(np.asarray(n, dtype=float)))
+        mean, _ = self._time_per_sample(np.atleast_1d(n))
         return 1.0 / mean
 
     def capacity_lower(self, n) -> np.ndarray:
         """Conservative samples/s: time per sample raised by ``z`` standard errors of its mean."""
-        n = np.atleast_1d(np.asarray(n, dtype=float))
-        mean, se = self._time_per_sample(n)
+        mean, se = self._time_per_sample(np.atleast_1d(n))
         return 1.0 / (mean + self.z * se)
 
     def capacity_table(self, max_workers: int) -> np.ndarray:
@@ -177,20 +176,18 @@ def workers_for_rate(capacity_table, rate: float) -> int:
     return min(idx, len(capacity_table) - 1)
 
 
-def peak_cut(mean_table, observed: dict | None = None, drop: float = 0.005,
-             min_gain: float = 0.02) -> int:
+def peak_cut(mean_table, observed: dict | None = None, min_gain: float = 0.02) -> int:
     """The largest worker count worth running: the peak of the mean curve ``mean_table``
     (index = workers), or earlier the first count whose marginal gain falls below
     ``min_gain`` of the one-worker throughput (extra workers there buy nothing); with
     ``observed`` (per worker count, the mean measured samples/s or ``(mean, standard
-    error)``) also what was measured, whatever the fit says: the best measured count when
-    a larger measured count did worse by more than ``drop`` and two standard errors (the
-    curve falls there), and the smallest measured count that a larger one beat by less
-    than ``min_gain`` per extra worker with 95 % confidence (the curve is flat there: a
-    hard ceiling, which a smooth fit bends through)."""
+    error)``) also what was measured, whatever the fit says: the smallest measured count
+    that a larger one beat by less than ``min_gain`` per extra worker with 95 % confidence
+    (:func:`plateau_start`). That covers a curve that is flat (a hard ceiling, which a
+    smooth fit bends through) and one that falls (a larger count that did worse)."""
     t = np.asarray(mean_table, dtype=float)
     if t.size <= 2:
-        return max(t.size - 1, 1)
+        return 1
     body = t[1:]
     cut = int(np.argmax(body)) + 1
     gain = np.diff(body) / max(body[0], 1e-12)
@@ -203,11 +200,6 @@ def peak_cut(mean_table, observed: dict | None = None, drop: float = 0.005,
             stats = [observed[c] if isinstance(observed[c], tuple) else (observed[c], 0.0) for c in counts]
             means = np.asarray([m for m, _ in stats])
             ses = np.asarray([e for _, e in stats])
-            best = int(np.argmax(means))
-            # Significantly worse: below the best by more than `drop` and two standard errors.
-            margin = np.maximum(means[best] * drop, 2 * np.sqrt(ses[best] ** 2 + ses ** 2))
-            if (means[best + 1:] < means[best] - margin[best + 1:]).any():
-                cut = min(cut, counts[best])
             cut = min(cut, plateau_start(np.asarray(counts), means, ses, min_gain * body[0]) or cut)
     return cut
 

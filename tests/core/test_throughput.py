@@ -3,6 +3,7 @@ import pytest
 
 from kale_airflow.core.cluster import ClusterModel
 from kale_airflow.core.throughput import (
+    FALLBACK_REL_STD,
     ThroughputModel,
     ThroughputModelError,
     guarded,
@@ -58,10 +59,11 @@ def test_feature_set_grows_with_distinct_counts(counts, active_features):
 @pytest.mark.parametrize(
     "workers, rates, message",
     [
-        ([8, 8, 8], [7000, 7100, 6900], "only 1 distinct worker count"),
-        ([1, 2], [1000, float("nan")], "NaN or infinite"),
-        ([1, 2], [1000, 0], "<= 0"),
-        ([1, 2.5], [1000, 2000], "whole numbers"),
+        ([8, 8, 8], [7000, 7100, 6900], r"^observations cover only 1 distinct worker count\(s\) \[8\]; at least 2 are "
+                                        r"needed to identify scaling \(profile another worker count\)$"),
+        ([1, 2], [1000, float("nan")], "^observation 1 is NaN or infinite; drop it before fitting$"),
+        ([1, 2, 3], [1, 0, 2000], "^observation 1 has throughput 0.0 <= 0;"),
+        ([1, 2.5], [1000, 2000], "^worker counts must be whole numbers >= 1$"),
         ([1, 2, 3], [1000, 2000], "differ in length"),
     ],
     ids=["one-count", "nan", "zero-rate", "fractional-workers", "length-mismatch"],
@@ -88,9 +90,12 @@ def test_monotone_table_never_buys_useless_workers():
 
 
 def test_round_trip_through_dict():
-    m = ThroughputModel.fit(*noisy_obs(ClusterModel(), [1, 4, 16]))
-    m2 = ThroughputModel.from_dict(m.to_dict())
-    assert m2.predict(12)[0] == pytest.approx(m.predict(12)[0])
+    m = ThroughputModel.fit(*noisy_obs(ClusterModel(), [1, 4, 16]), z=2.0)
+    d = m.to_dict()
+    assert ThroughputModel.from_dict(d) == m
+    assert d["features"] == ["inv_n", "serial", "log_n", "linear_n"]  # what each coefficient is, in MLflow
+    # A model stored before the bound's z was recorded reads as the one-sided 95 % bound.
+    assert ThroughputModel.from_dict({k: v for k, v in d.items() if k != "z"}).z == 1.645
 
 
 def test_cluster_model_inverse_matches_forward():
@@ -197,3 +202,168 @@ def test_an_online_model_profiled_on_1_to_16_learns_a_saturating_ceiling():
         for i in range(60):
             src.observe(1e6 * k + 600 * i, n, float(sat.capacity(n)) * (1 + 0.03 * rng.standard_normal()))
     assert 38 <= workers_for_rate(src.table, 1e9) <= 40  # the true ceiling is reached at 39
+
+
+def known(coef, max_count=64) -> ThroughputModel:
+    """A model with the given time-per-sample coefficients and no uncertainty."""
+    return ThroughputModel(coef=tuple(coef), cov=((0.0,) * 4,) * 4, rel_std=0.0, n_obs=0,
+                           worker_counts=(1, max_count))
+
+
+def test_coefficients_are_the_documented_time_per_sample_terms():
+    n = np.array([1.0, 4.0, 10.0])
+    m = known((2e-3, 1e-4, 3e-5, 1e-6))
+    assert m.predict(n) == pytest.approx(1 / (2e-3 / n + 1e-4 + 3e-5 * np.log(n) + 1e-6 * n))
+    # Any shape of worker counts, element by element.
+    grid = np.array([[1.0, 4.0], [10.0, 2.0]])
+    assert m.predict(grid) == pytest.approx(1 / (2e-3 / grid + 1e-4 + 3e-5 * np.log(grid) + 1e-6 * grid))
+    table = m.capacity_table(3)
+    assert table[0] == 0.0 and table[1:] == pytest.approx(m.predict([1, 2, 3]))
+
+
+def per_count_residuals(rates):
+    """Relative residuals at one worker count when the fit can match each count: the time
+    per sample p that minimises sum((p * r - 1)^2) is sum(r) / sum(r^2)."""
+    r = np.asarray(rates, dtype=float)
+    return r * r.sum() / (r * r).sum() - 1
+
+
+@pytest.mark.parametrize(
+    "per_count, dof",
+    [({1: [900, 1100], 2: [1700, 2100]}, 2), ({1: [900, 1100], 2: [1800]}, 1)],
+    ids=["two-left", "one-left"],
+)
+def test_rel_std_is_the_relative_residual_std_net_of_the_fitted_terms(per_count, dof):
+    # Two counts, two terms (1/n and the serial part), both positive here: each count is
+    # matched at its least-squares time per sample, and dof = observations - 2.
+    workers = [n for n, rates in per_count.items() for _ in rates]
+    rates = [r for rs in per_count.values() for r in rs]
+    m = ThroughputModel.fit(workers, rates)
+    assert all(c > 0 for c in m.coef[:2])
+    resid = np.concatenate([per_count_residuals(rs) for rs in per_count.values()])
+    assert m.rel_std == pytest.approx(np.sqrt(resid @ resid / dof))
+
+
+def test_an_exact_fit_assumes_the_fallback_relative_std():
+    m = ThroughputModel.fit([1, 2], [1000, 1800])
+    assert m.rel_std == FALLBACK_REL_STD
+
+
+def test_the_bound_widens_in_proportion_to_the_noise_and_z():
+    # Two counts of an Amdahl curve: both terms stay in the fit whatever the noise.
+    base = ClusterModel()
+    n = np.repeat([2.0, 8.0], 5)
+    wobble = np.tile([1.0, -1.0, 0.5, -0.5, 0.0], 2)
+
+    def gap(sd, z=1.645):
+        m = ThroughputModel.fit(n, base.capacity(n) * (1 + sd * wobble), z=z)
+        assert all(c > 0 for c in m.coef[:2])
+        return 1 / m.capacity_lower(16)[0] - 1 / m.predict(16)[0]  # z standard errors of the time per sample
+
+    assert gap(0.02) / gap(0.01) == pytest.approx(2.0, rel=0.03)
+    assert gap(0.01, z=3.29) / gap(0.01) == pytest.approx(2.0, rel=1e-9)
+    assert ThroughputModel.fit(n, base.capacity(n)).z == 1.645  # one-sided 95 % by default
+
+
+def test_terms_the_fit_leaves_at_zero_carry_no_uncertainty():
+    # An Amdahl curve measured at four counts: no communication terms.
+    m = ThroughputModel.fit(*noisy_obs(ClusterModel(), [1, 2, 4, 8], per_count=5))
+    cov = np.asarray(m.cov)
+    zero = np.asarray(m.coef) == 0
+    assert zero.any() and not zero.all()
+    assert (cov[zero] == 0).all() and (cov[:, zero] == 0).all()
+    assert (np.diag(cov)[~zero] > 0).all()
+
+
+def test_fractional_samples_per_second_are_valid_throughput():
+    m = ThroughputModel.fit([1, 2], [0.5, 0.9])
+    assert m.predict([1, 2]) == pytest.approx([0.5, 0.9])
+
+
+def test_saturation_is_the_first_count_whose_next_worker_gains_too_little():
+    m = known((1e-3, 0.0, 0.0, 1e-5))
+
+    def c(k):  # the documented curve, written out
+        return 1 / (1e-3 / k + 1e-5 * k)
+
+    first = next(k for k in range(1, 100) if c(k + 1) - c(k) < 0.05 * c(1))
+    assert m.saturation_workers(64) == first
+    # Judged on one more worker than the limit, and not past it.
+    assert m.saturation_workers(first) == first
+    assert m.saturation_workers(first - 1) is None
+    # A gain of exactly min_gain is still worth having.
+    g = (c(2) - c(1)) / c(1)
+    assert m.saturation_workers(64, min_gain=g) == 2
+    assert m.saturation_workers(64, min_gain=np.nextafter(g, 1)) == 1
+
+
+def test_workers_for_rate_never_answers_zero_workers():
+    assert workers_for_rate([0.0, 10.0, 20.0], 0.0) == 1
+    assert workers_for_rate([0.0, 10.0, 20.0], -5.0) == 1
+
+
+@pytest.mark.parametrize("table", [[], [0.0], [0.0, 5.0]], ids=["empty", "no-workers", "one-worker"])
+def test_peak_cut_of_a_table_of_at_most_one_worker_is_one(table):
+    assert peak_cut(table) == 1
+
+
+@pytest.mark.parametrize(
+    "table, cut",
+    [
+        ([0.0, 5.0, 10.0], 2),  # rises to two
+        ([0.0, 10.0, 5.0], 1),  # falls after one worker
+        ([0.0, 100.0, 101.5, 200.0], 1),  # the second worker gains 1.5 % of one worker
+        ([0.0, 100.0, 102.0, 300.0], 3),  # exactly 2 % still pays
+        ([0.0, 100.0, 200.0, 203.5], 3),  # the third gains 3.5 % of one worker (1.75 % of two)
+        ([0.0, 0.5, 0.515, 1.0], 3),  # relative to one worker, whatever the units
+    ],
+    ids=["rises", "falls", "flat", "at-threshold", "relative-to-one-worker", "small-units"],
+)
+def test_peak_cut_of_the_fitted_curve(table, cut):
+    assert peak_cut(table) == cut
+
+
+def test_peak_cut_reads_the_measured_counts_inside_the_table_only():
+    fit = ClusterModel().capacity_table(64)  # rises to 64
+    # One worker measured as fast as two: flat from the first worker.
+    assert peak_cut(fit, {1: 500.0, 2: 500.0}) == 1
+    # A count past the table's largest is not measured evidence for it.
+    assert peak_cut(fit, {32: 9_000.0, 65: 9_000.0}) == 64
+
+
+def test_peak_cut_judges_measured_gains_against_min_gain_of_one_fitted_worker():
+    fit = np.arange(0.0, 65.0) * 100.0  # one worker: 100/s, min_gain 2 per extra worker
+    assert peak_cut(fit, {10: 1_000.0, 20: 1_030.0}) == 64  # 3 per extra worker pays
+    assert peak_cut(fit, {10: 1_000.0, 20: 1_015.0}) == 10
+    fit[2] = 200.0  # a fitted second worker of 200/s changes nothing: one worker is the unit
+    assert peak_cut(fit, {10: 1_000.0, 20: 1_030.0}) == 64
+
+
+def test_peak_cut_takes_a_plain_mean_as_exact():
+    fit = np.arange(0.0, 65.0) * 100.0
+    # 20 beats 10 by 19.5 over 10 extra workers, under 2 each: flat, with no error to doubt it.
+    assert peak_cut(fit, {10: 1_000.0, 20: 1_019.5}) == 10
+    assert peak_cut(fit, {10: (1_000.0, 1.0), 20: (1_019.5, 1.0)}) == 64
+
+
+def test_plateau_start_counts_adjacent_counts_and_judges_the_thresholds_exactly():
+    # One extra worker is a larger count too.
+    assert plateau_start(np.array([10, 11]), np.array([1_000.0, 1_000.0]), np.zeros(2), 1.0) == 10
+    # At the upper bound: 900 + 2 * 50 = 1,000 over 10 workers is exactly 100 each, not under it.
+    assert plateau_start(np.array([10, 20]), np.array([0.0, 900.0]), np.array([0.0, 50.0]), 100.0) is None
+    # At the lower bound: 20 beat 10 by exactly 100 per worker, which pays, so 10 is no plateau.
+    counts = np.array([10, 20, 30])
+    assert plateau_start(counts, np.array([0.0, 1_000.0, 0.0]), np.zeros(3), 100.0) == 20
+
+
+def test_plateau_start_skips_a_count_too_uncertain_to_judge():
+    # 10 is measured too loosely to be flat or paid for; 20 -> 30 is clearly flat.
+    counts, means = np.array([10, 20, 30]), np.array([0.0, 1_000.0, 1_010.0])
+    assert plateau_start(counts, means, np.array([5_000.0, 0.0, 0.0]), 100.0) == 20
+
+
+def test_guarded_keeps_the_cut_count_and_no_more():
+    table = ClusterModel().capacity_table(8)
+    assert len(guarded(table, cut=1)) == 2
+    assert len(guarded(table, cut=0)) == 2  # never below one worker
+    assert len(guarded(table, cut=5)) == 6
