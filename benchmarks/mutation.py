@@ -1,19 +1,22 @@
 """Mutation testing of the modules where a bug loses data or money (``make mutation``).
 
-Runs mutmut (configured in pyproject.toml ``[tool.mutmut]``: the Kale policy's stages, the
-throughput model's fit and peak guard, the rebalancer and the offset handover, the
-worker's commit/checkpoint/restore path, the registry's comparison and promotion, the
-Kale page's auth) from scratch with the fast tests that cover them, within a time budget,
-then prints per module the mutants killed and surviving and writes
+Runs mutmut from scratch on each module of pyproject.toml ``[tool.kale.mutation.tests]`` (the
+Kale policy's stages, the planner, the throughput model's fit and peak guard, the rebalancer
+and the offset handover, the fleet's budget, the generations, the worker's
+commit/checkpoint/restore path and its warm ranks, the registry's comparison and promotion, the
+Kale page's auth), one module at a time in its own work directory ``mutants/<module>/``, against
+that module's own fast tests (the shared settings are ``[tool.mutmut]``), within a time budget.
+It prints per module the mutants killed and surviving and writes
 ``benchmarks/results/mutation.json``:
-``{"score": S, "modules": {"<path>": {"killed": K, "survived": V, "score": S, ...}},
-"survivors": {"<path>": [{"mutant", "change", "explained"}]}}``.
+``{"score": S, "modules": {"<path>": {"killed": K, "survived": V, "score": S, "commit": C, ...}},
+"survivors": {"<path>": [{"mutant", "change", "explained"}]}}``; each module records the commit
+it ran at, and ``--modules`` brings a few up to date while the others keep theirs.
 
 A survivor is *explained* when ``benchmarks/mutation_equivalent.toml`` names its change
 (function and mutated line, so the explanation survives a renumbering of the mutants) with
 the reason it is equivalent; the report lists every other survivor as unexplained. Mutants
 no test reaches ("no tests") count as survivors. List a survivor's diff with
-``.venv/bin/python -m mutmut show NAME``.
+``cd mutants/<module> && ../../.venv/bin/python -m mutmut show NAME``.
 
 This file is also a pytest plugin (``-p benchmarks.mutation`` in ``[tool.mutmut]``): under
 mutmut it runs each mutant's tests fastest first, so a mutant dies on its quickest test.
@@ -124,21 +127,51 @@ def tally(mutants: Path, equivalent: dict[str, str]) -> tuple[dict, dict]:
     return modules, survivors
 
 
-def run_mutmut(budget_s: float, log: Path, names: list[str] = ()) -> bool:
-    """``mutmut run [NAMES]`` in its own process group; stopped (the whole group) at the budget."""
+def run_mutmut(workdir: Path, budget_s: float, log: Path) -> bool:
+    """``mutmut run`` in ``workdir``, in its own process group; stopped (the whole group) at the budget."""
     with log.open("w") as fh:
         # One math thread per test process: mutmut forks a process per mutant from one that has
         # run torch, and a forked OpenMP pool deadlocks (the worker's tests then time out).
         env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        proc = subprocess.Popen([sys.executable, "-m", "mutmut", "run", *names], cwd=ROOT, stdout=fh, env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "mutmut", "run"], cwd=workdir, stdout=fh, env=env,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            proc.wait(timeout=budget_s)
+            proc.wait(timeout=max(budget_s, 1.0))
             return True
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)  # mutmut ignores SIGTERM; its workers share the group
             proc.wait()
             return False
+
+
+def workdir(module: str) -> Path:
+    """Where one module's mutmut runs: ``mutants/kale_airflow.core.planning/`` (mutmut's own
+    ``mutants/`` inside it)."""
+    return ROOT / "mutants" / module.removesuffix(".py").replace("/", ".")
+
+
+def prepare(module: str, tests: list[str], keep: bool) -> Path:
+    """A work directory that is the checkout (links to its files) with a pyproject.toml whose
+    ``[tool.mutmut]`` mutates ``module`` only and runs ``tests``."""
+    wd = workdir(module)
+    if not keep:
+        shutil.rmtree(wd, ignore_errors=True)
+    wd.mkdir(parents=True, exist_ok=True)
+    for entry in ROOT.iterdir():
+        link = wd / entry.name
+        if entry.name not in {"pyproject.toml", "mutants", ".git"} and not link.is_symlink():
+            link.symlink_to(entry)
+    # [tool.mutmut] is the file's last table: lines appended at the end belong to it.
+    text = (ROOT / "pyproject.toml").read_text().rstrip("\n") + (
+        f"\nonly_mutate = {json.dumps([module])}\npytest_add_cli_args_test_selection = {json.dumps(tests)}\n")
+    import tomllib
+
+    got = tomllib.loads(text)["tool"]["mutmut"]
+    if got.get("only_mutate") != [module] or got.get("pytest_add_cli_args_test_selection") != tests:
+        raise SystemExit("pyproject.toml: keep [tool.mutmut] the last table of the file (benchmarks/mutation.py "
+                         "adds each module's only_mutate and test selection at its end)")
+    (wd / "pyproject.toml").write_text(text)
+    return wd
 
 
 def print_report(doc: dict) -> None:
@@ -155,17 +188,15 @@ def print_report(doc: dict) -> None:
                 print(f"  UNEXPLAINED {r['mutant']}: {r['change']}")
 
 
-def mutated_modules() -> list[str]:
-    """``[tool.mutmut] only_mutate`` of pyproject.toml."""
+def module_tests() -> dict[str, list[str]]:
+    """``[tool.kale.mutation.tests]`` of pyproject.toml: per mutated module, its tests."""
     import tomllib
 
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]["only_mutate"]
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["kale"]["mutation"]["tests"]
 
 
-def mutant_glob(module: str) -> str:
-    """mutmut's name pattern for the mutants of one file: ``kale_airflow/core/planning.py`` ->
-    ``kale_airflow.core.planning.*``."""
-    return module.removesuffix(".py").replace("/", ".") + ".*"
+def mutated_modules() -> list[str]:
+    return list(module_tests())
 
 
 def head_commit() -> str | None:
@@ -186,47 +217,64 @@ def merged(previous: dict, modules: dict, survivors: dict, only: list[str]) -> t
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--budget-s", type=float, default=19 * 60, help="stop mutmut after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=60 * 60,
+                    help="stop after this many seconds in all (modules not reached keep their last figures)")
     ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "mutation.json"))
-    ap.add_argument("--report-only", action="store_true", help="tally the last run without running mutmut")
-    ap.add_argument("--keep", action="store_true", help="reuse mutants/ (mutmut's cache) instead of starting afresh")
+    ap.add_argument("--report-only", action="store_true", help="tally the last runs without running mutmut")
+    ap.add_argument("--keep", action="store_true",
+                    help="reuse each module's mutants/ (mutmut's cache) instead of starting afresh")
     ap.add_argument("--modules", nargs="+", metavar="PATH", default=[],
-                    help="mutate only these files of [tool.mutmut] only_mutate (e.g. kale_airflow/core/planning.py) "
+                    help="mutate only these modules of [tool.kale.mutation.tests] (e.g. kale_airflow/core/planning.py) "
                          "and merge their figures into the result file; the other modules keep theirs")
     args = ap.parse_args()
-    unknown = sorted(set(args.modules) - set(mutated_modules()))
+    tests = module_tests()
+    unknown = sorted(set(args.modules) - set(tests))
     if unknown:
-        ap.error(f"not in [tool.mutmut] only_mutate of pyproject.toml: {', '.join(unknown)} "
-                 f"(one of: {', '.join(mutated_modules())})")
+        ap.error(f"not in [tool.kale.mutation.tests] of pyproject.toml: {', '.join(unknown)} "
+                 f"(one of: {', '.join(tests)})")
     t0 = time.monotonic()
-    finished, run_wall_s, last = None, None, None
-    if args.report_only and Path(args.json).exists():  # keep the last run's figures
-        last = json.loads(Path(args.json).read_text())
-        finished, run_wall_s = last.get("finished"), last.get("run_wall_s")
-    if not args.report_only:
-        if not args.keep:
-            shutil.rmtree(ROOT / "mutants", ignore_errors=True)
-        finished = run_mutmut(args.budget_s, ROOT / "mutants-run.log", [mutant_glob(m) for m in args.modules])
-        run_wall_s = round(time.monotonic() - t0, 1)
-        if not finished:
-            print(f"mutmut stopped at the {args.budget_s:.0f} s budget; mutants not run are reported as such")
-    modules, survivors = tally(ROOT / "mutants", load_equivalent())
-    if args.report_only:  # the commits the last run recorded
-        commits = {name: m.get("commit") for name, m in (last or {}).get("modules", {}).items()}
+    previous = json.loads(Path(args.json).read_text()) if Path(args.json).exists() else {}
+    todo = [m for m in tests if m in args.modules] if args.modules else list(tests)
+    modules, survivors, equivalent = {}, {}, load_equivalent()
+    finished, run_wall_s = previous.get("finished"), previous.get("run_wall_s")
+    if args.report_only:  # each module's last run, at the commit that run recorded
+        for module in todo:
+            if (workdir(module) / "mutants").exists():
+                got, rows = tally(workdir(module) / "mutants", equivalent)
+                modules.update(got)
+                survivors.update(rows)
+                for name in got:
+                    modules[name]["commit"] = previous.get("modules", {}).get(name, {}).get("commit")
     else:
-        commits = dict.fromkeys(args.modules or modules, head_commit())
-    for name, commit in commits.items():
-        if name in modules:
-            modules[name]["commit"] = commit
-    if args.modules and Path(args.json).exists():
-        modules, survivors = merged(json.loads(Path(args.json).read_text()), modules, survivors, args.modules)
-    finished = finished and all(m["not_run"] == 0 for m in modules.values())
+        finished, commit = True, head_commit()
+        for i, module in enumerate(todo, 1):
+            left = args.budget_s - (time.monotonic() - t0)
+            if left <= 0:
+                finished = False
+                break
+            print(f"[{i}/{len(todo)}] {module}: mutmut against {len(tests[module])} test selection(s), "
+                  f"{left:.0f} s of budget left", flush=True)
+            wd = prepare(module, tests[module], args.keep)
+            done = run_mutmut(wd, left, wd / "mutants-run.log")
+            got, rows = tally(wd / "mutants", equivalent)
+            for name in got:
+                got[name]["commit"] = commit
+            modules.update(got)
+            survivors.update(rows)
+            if not done:
+                print(f"mutmut stopped at the {args.budget_s:.0f} s budget; mutants not run are reported as such")
+                finished = False
+                break
+        run_wall_s = round(time.monotonic() - t0, 1)
+    modules, survivors = merged(previous, modules, survivors, list(modules))
+    modules = {name: modules[name] for name in tests if name in modules}  # the configuration's order
+    finished = bool(finished) and set(modules) == set(tests) and all(m["not_run"] == 0 for m in modules.values())
     killed = sum(m["killed"] for m in modules.values())
     ran = killed + sum(m["survived"] for m in modules.values())
     unexplained = sum(1 for rows in survivors.values() for r in rows if not r["explained"])
     doc = {"score": round(killed / ran, 4) if ran else None, "ran": ran, "unexplained": unexplained,
            "run_wall_s": run_wall_s, "wall_s": round(time.monotonic() - t0, 1), "finished": finished,
-           "modules": modules, "survivors": survivors}
+           "modules": modules, "survivors": {name: survivors[name] for name in modules if name in survivors}}
     print_report(doc)
     sys.path.insert(0, str(ROOT))
     from kale_airflow.reporting.results import write_json

@@ -1,22 +1,45 @@
-"""benchmarks/mutation.py's run of a few modules: which mutants it names, and how their
-figures join the result file's."""
+"""benchmarks/mutation.py: each module's own work directory and tests, and how a run of a few
+modules joins the result file's figures."""
 
-import fnmatch
 import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.mutation import merged, mutant_glob, mutated_modules
+from benchmarks import mutation
+from benchmarks.mutation import merged, module_tests, mutated_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_a_modules_pattern_names_its_mutants_and_no_other_modules():
-    pattern = mutant_glob("kale_airflow/core/planning.py")
-    assert fnmatch.fnmatch("kale_airflow.core.planning.x_first_step__mutmut_3", pattern)
-    assert fnmatch.fnmatch("kale_airflow.core.planning.xǁPricesǁ__init____mutmut_1", pattern)
-    assert not fnmatch.fnmatch("kale_airflow.core.policies.kale.xǁKalePolicyǁplan__mutmut_1", pattern)
-    assert not fnmatch.fnmatch("kale_airflow.core.planning_extra.x_f__mutmut_1", pattern)
+def test_a_modules_work_directory_mutates_it_alone_against_its_own_tests(tmp_path, monkeypatch):
+    import tomllib
+
+    monkeypatch.setattr(mutation, "ROOT", ROOT)
+    monkeypatch.setattr(mutation, "workdir", lambda module: tmp_path / module.replace("/", "."))
+    tests = module_tests()["kale_airflow/core/planning.py"]
+    wd = mutation.prepare("kale_airflow/core/planning.py", tests, keep=False)
+    config = tomllib.loads((wd / "pyproject.toml").read_text())
+    assert config["tool"]["mutmut"]["only_mutate"] == ["kale_airflow/core/planning.py"]
+    assert config["tool"]["mutmut"]["pytest_add_cli_args_test_selection"] == tests == ["tests/core/test_planning.py"]
+    # The shared settings and the rest of the file stay as they are.
+    root = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert {k: v for k, v in config["tool"]["mutmut"].items() if k not in ("only_mutate",
+            "pytest_add_cli_args_test_selection")} == root["tool"]["mutmut"]
+    assert config["tool"]["pytest"] == root["tool"]["pytest"]
+    # Everything else is the checkout itself.
+    assert (wd / "kale_airflow").resolve() == ROOT / "kale_airflow"
+    assert (wd / "tests" / "core" / "test_planning.py").exists()
+    assert not (wd / "mutants").exists() and not (wd / ".git").exists()
+    # Prepared again (--keep), the links are reused.
+    assert mutation.prepare("kale_airflow/core/planning.py", tests, keep=True) == wd
+
+
+def test_every_module_has_tests_that_exist():
+    for module, tests in module_tests().items():
+        assert (ROOT / module).is_file(), module
+        assert tests, module
+        for test in tests:
+            assert (ROOT / test.split("::")[0]).is_file(), test
 
 
 def test_a_run_of_some_modules_replaces_theirs_and_keeps_the_others():
@@ -33,5 +56,5 @@ def test_a_module_that_is_not_mutated_is_refused_with_the_ones_that_are():
     proc = subprocess.run([sys.executable, "benchmarks/mutation.py", "--modules", "kale_airflow/nope.py"], cwd=ROOT,
                           capture_output=True, text=True)
     assert proc.returncode == 2
-    assert "not in [tool.mutmut] only_mutate of pyproject.toml: kale_airflow/nope.py" in proc.stderr
+    assert "not in [tool.kale.mutation.tests] of pyproject.toml: kale_airflow/nope.py" in proc.stderr
     assert mutated_modules()[0] in proc.stderr

@@ -73,11 +73,9 @@ def cheapest_moves_from(g: np.ndarray, jd: np.ndarray) -> np.ndarray:
     """Backward: for every count ``i`` running now, ``min over m != i of g[m] + (i - m)+ d``
     (``g[m]`` the cost of moving to ``m`` and going on from there; ``jd[m] = m * d``). The
     planner's inner loop, so without arguments of the minima."""
-    out = np.empty_like(g)
+    out = np.full_like(g, INF)  # no larger count above the last, no smaller below the first
     out[:-1] = np.minimum.accumulate(g[::-1])[::-1][1:]   # up: the new, larger count is held
-    out[-1] = INF
-    down = np.empty_like(g)
-    down[0] = INF
+    down = np.full_like(g, INF)
     down[1:] = np.minimum.accumulate(g - jd)[:-1] + jd[1:]  # down: the old count is held
     return np.minimum(out, down)
 

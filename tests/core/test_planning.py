@@ -235,3 +235,108 @@ def test_an_idle_stream_is_where_the_offline_optimum_scales_down():
     count through the pause."""
     gpu_s, rescales = offline_schedule(np.zeros(3), CAP, STEP, Prices(D, 0.0, 1), 4)
     assert (gpu_s, rescales) == (pytest.approx(3 * STEP + 3 * D), 1)
+
+
+# ---------------------------------------------------------------- edges of the first step
+@pytest.mark.parametrize("workers,backlog,freshness,rate,next_rate", [
+    (2, 5e4, 60.0, 150.0, 150.0),   # a backlog to drain
+    (3, 2e4, 30.0, 300.0, 150.0),   # behind now, spare capacity next
+    (2, 500.0, 40.0, 190.0, 250.0),  # exactly keeping up: the backlog stays; behind next
+    (1, 3.0, 10.0, 99.5, 99.0),     # half a sample per second spare
+], ids=["backlog", "falling behind", "exactly keeping up", "half a sample spare"])
+def test_the_first_step_is_the_same_in_any_unit_of_samples(workers, backlog, freshness, rate, next_rate):
+    """Counting samples in thousands (rates, capacities and backlogs / 1,000, the price of a
+    sample-second x 1,000) leaves every age, cost and decision as it is: nothing is judged
+    against one sample or one sample per second."""
+    def step(k):
+        return first_step(CAP * k, Start(workers, backlog * k, freshness, rate * k), 400.0, next_rate * k, 600.0,
+                          np.zeros(len(CAP)), Prices(D, 1e-3 / k, 1), 300.0)
+
+    full, small = step(1.0), step(1e-3)
+    np.testing.assert_allclose(small.freshness_s, full.freshness_s, rtol=1e-9)
+    assert (small.slo_ok == full.slo_ok).all()
+    np.testing.assert_allclose(small.backlog, full.backlog * 1e-3, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(small.cost, full.cost, rtol=1e-9)
+
+
+def test_a_queue_left_at_exactly_the_next_steps_rate_waits_without_growing():
+    # 2 workers (190/s) end the step with a queue and the next step brings exactly 190/s: the
+    # queue neither drains nor grows, so it is charged at its size over the rest and its
+    # oldest sample ages no further.
+    prices, rest = Prices(D, 1e-3, 1), 600.0
+    fs = first_step(CAP, Start(2, 1e4, 50.0, 200.0), 300.0, 190.0, rest, np.zeros(len(CAP)), prices, 300.0)
+    end = 1e4 + 10.0 * 300.0
+    assert fs.backlog[2] == pytest.approx(end)
+    assert fs.cost[2] == pytest.approx(2 * 300.0 + prices.lag_price * (300.0 * (1e4 + end) / 2 + end * rest))
+    assert fs.freshness_s[2] == pytest.approx(50.0 + 300.0 * (1 - 190.0 / 200.0))
+
+
+def test_a_count_that_keeps_up_now_but_not_next_is_left_to_the_later_steps():
+    # No backlog, 150/s now, 200/s next: 2 workers (190/s) end the step with nothing queued;
+    # falling behind next is the next steps' cost (values), not this step's.
+    prices = Prices(D, 1e-3, 1)
+    fs = first_step(CAP, Start(2, 0.0, 0.0, 150.0), 300.0, 200.0, 600.0, np.zeros(len(CAP)), prices, 300.0)
+    assert fs.backlog[2] == 0.0 and fs.freshness_s[2] == 0.0 and fs.cost[2] == 2 * 300.0
+
+
+def test_an_age_without_a_backlog_is_not_carried():
+    # A freshness measured with nothing queued (a stale reading) does not age the step.
+    fs = first_step(CAP, Start(2, 0.0, 120.0, 150.0), 300.0, 150.0, 600.0, np.zeros(len(CAP)), Prices(D, 1e-3, 1), 300.0)
+    assert fs.freshness_s[2] == 0.0
+    assert fs.freshness_s[3] == pytest.approx(D)  # a move: the pause's own backlog
+
+
+def test_the_first_step_adds_the_later_steps_and_refuses_counts_below_the_floor():
+    prices = Prices(D, 1e-3, 2)
+    values = np.array([5.0, 7.0, 11.0, 13.0, 17.0])
+    start = Start(2, 1e4, 30.0, 150.0)
+    without = first_step(CAP, start, 300.0, 150.0, 600.0, np.zeros(len(CAP)), prices, 300.0)
+    with_values = first_step(CAP, start, 300.0, 150.0, 600.0, values, prices, 300.0)
+    np.testing.assert_allclose(with_values.cost[2:] - without.cost[2:], values[2:], rtol=1e-9)
+    assert (with_values.cost[:2] == math.inf).all()
+
+
+def test_a_start_above_the_table_pays_the_pause_at_every_count():
+    fs = first_step(CAP, Start(len(CAP), 0.0, 0.0, 0.0), 300.0, 0.0, 600.0, np.zeros(len(CAP)), Prices(D, 1e-3, 1), 300.0)
+    n = np.arange(len(CAP))
+    np.testing.assert_allclose(fs.cost[1:], (n * 300.0 + (len(CAP) - n) * D)[1:])
+
+
+def test_an_age_of_exactly_the_slo_holds_it():
+    # 3 workers (270/s) at 270/s keep the queue as it is: its oldest sample stays 300 s old.
+    fs = first_step(CAP, Start(3, 1e4, 300.0, 270.0), 300.0, 270.0, 600.0, np.zeros(len(CAP)), Prices(D, 1e-3, 1), 300.0)
+    assert fs.freshness_s[3] == 300.0 and fs.slo_ok[3]
+
+
+def test_pause_lag_is_zero_where_a_count_cannot_drain_and_exact_just_above():
+    lag = pause_lag(np.array([0.0, 1000.0, 1000.5, 2000.0]), 1000.0, 10.0)
+    assert lag[0] == lag[1] == 0.0
+    assert lag[2] == pytest.approx(1000.0 * 100.0 * 1000.5 / (2 * 0.5))
+    assert lag[3] == pytest.approx(1000.0 * 100.0 * 2000.0 / (2 * 1000.0))
+
+
+def test_a_short_step_may_age_the_oldest_sample_by_exactly_half_the_slo():
+    # 170/s at 340/s over 300 s ages the oldest sample (1 - 170/340) x 300 = 150 s: half the SLO.
+    cap = np.array([0.0, 170.0, 340.0])
+    stay, _ = stage_costs(cap, np.array([340.0]), STEP, Prices(D, 1e-3, 1, slo_s=300.0))
+    assert np.isfinite(stay[0][1])
+    stay, _ = stage_costs(cap, np.array([340.0]), STEP, Prices(D, 1e-3, 1, slo_s=299.0))
+    assert not np.isfinite(stay[0][1])
+
+
+def test_a_step_that_no_count_keeps_up_with_runs_the_peak_whatever_the_other_steps():
+    # The second step asks more than any count can do; the first is easy. Only the second
+    # falls back to the largest capacity.
+    stay, move = stage_costs(CAP, np.array([150.0, 1e6]), STEP, Prices(D, 0.0, 1))
+    assert list(np.isfinite(stay[0])) == [False, False, True, True, True]
+    assert list(np.isfinite(stay[1])) == list(np.isfinite(move[1])) == [False, False, False, False, True]
+
+
+def test_stage_costs_are_the_same_in_any_unit_of_samples():
+    # Rates from idle to past the peak, with lag priced and a SLO: in thousands of samples
+    # (and the price of a sample-second x 1,000) every cost is the same.
+    rates = np.array([0.0, 90.0, 150.0, 200.0, 330.0, 400.0])
+    for k in (1e-3, 1e-4):
+        for got, want in zip(stage_costs(CAP * k, rates * k, STEP, Prices(D, 1e-3 / k, 1, slo_s=300.0)),
+                             stage_costs(CAP, rates, STEP, Prices(D, 1e-3, 1, slo_s=300.0))):
+            np.testing.assert_allclose(got, want, rtol=1e-9)

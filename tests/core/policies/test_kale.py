@@ -387,6 +387,9 @@ def test_the_policy_learns_from_what_it_observes_and_not_while_rescaling():
     assert 10 not in capacity._obs
     p.decide(Observation(TICK, 10, 20000, 0.0, 0.0, None, 9000.0))
     assert list(capacity._obs[10]) == [9000.0]
+    # Measured again at the same count: kept, and refitted on its clock.
+    p.decide(Observation(2 * TICK, 10, 20000, 0.0, 0.0, None, 9500.0))
+    assert list(capacity._obs[10]) == [9000.0, 9500.0]
     built = build_kale(LIMITS, get_forecaster("seasonal"), ([1, 8], [1000.0, 8000.0]), CFG)
     for k in range(4):
         built.decide(obs(k * TICK, 6, 7000.0))
@@ -415,8 +418,9 @@ def by_hand(policy, o):
                                   values_to_go(table, tail, BIN, prices), prices, cfg.slo_s)
 
 
-@pytest.mark.parametrize("config", [CFG, KaleConfig(horizon_s=180.0, wait_cost=1.0, slo_s=300.0)],
-                         ids=["90-min horizon", "horizon under a bin"])
+@pytest.mark.parametrize("config", [CFG, KaleConfig(horizon_s=180.0, wait_cost=1.0, slo_s=300.0),
+                                    KaleConfig(horizon_s=5400.0, wait_cost=1e-4, slo_s=300.0)],
+                         ids=["90-min horizon", "horizon under a bin", "lag nearly free: the SLO binds later steps"])
 @pytest.mark.parametrize("measured", [{"rate": 22000.0, "backlog": 1e6, "fresh": 40.0},
                                       {"rate": 29000.0, "backlog": 3e6, "fresh": None}],
                          ids=["forecast above arrivals", "arrivals above forecast, freshness unknown"])
@@ -477,3 +481,53 @@ def test_a_plan_made_with_a_backlog_is_not_reused_once_it_is_gone_nor_the_other_
     assert p.decide(quiet).details == fresh_plan(quiet)
     assert p.decide(queued).details == fresh_plan(queued) != fresh_plan(quiet)
     assert p.decide(obs(2 * TICK, 22, 20000)).details == fresh_plan(obs(2 * TICK, 22, 20000))
+
+
+def test_a_large_saving_is_stated_in_gpu_hours_to_the_hundredth():
+    # 400 workers for 1,500/s: over the first step alone the move saves more than 36 GPU-h, so
+    # dividing by anything but 3,600 s per hour shows in the second decimal.
+    big = dict(limits=Limits(1, 400), table=PER * np.arange(401.0))
+    d = run(kale([1500] * 40, **big), 400, 1500)
+    plan = kale([1500] * 40, **big).plan(obs(0, 400, 1500))
+    saved = (plan.cost[400] - plan.cost[d.workers]) / 3600
+    assert saved > 36
+    assert d.reason == Reason.SCALE_DOWN_FORECAST and f"saves {saved:.2f} GPU-h over staying" in d.message
+
+
+def test_a_backlog_scale_up_names_the_backlog_when_the_count_exactly_keeps_up():
+    # 20 workers carry exactly the 20,000/s arriving, so only the backlog asks for more; a
+    # 1-hour SLO is far from binding.
+    cfg = KaleConfig(horizon_s=5400.0, wait_cost=1.0, persist_s=60.0, slo_s=3600.0, rescale_downtime_s=90.0)
+    p = kale([20000] * 40, cfg)
+    plan = p.plan(obs(0, 20, 20000, backlog=4e6, fresh=100.0))
+    assert plan.rate == TABLE[20] and plan.target > 20 and plan.slo_ok[20]
+    d = run(p, 20, 20000, backlog=4e6, fresh=100.0)
+    assert d.reason == Reason.SCALE_UP_BACKLOG, d.message
+
+
+def test_a_smaller_count_that_exactly_keeps_up_at_the_floor_makes_the_hold_a_matter_of_downtime():
+    # A 10-minute dip to 24,000/s: 24 workers (the floor) carry it exactly, but two restarts
+    # cost more than one worker for ten minutes.
+    p = kale([24000] * 2 + [25000] * 30, limits=Limits(24, 64))
+    d = p.decide(obs(0, 25, 24000))
+    assert d.reason == Reason.HOLD_NOT_WORTH_DOWNTIME, d.message
+    assert d.message.startswith("24 workers would keep up now")
+
+
+def test_a_count_above_the_limit_is_planned_as_the_limit():
+    # 40 running after the limit came down to 32: the plan covers 0..32 and the figures of
+    # the running count are those of the limit.
+    limits = Limits(1, 32)
+    p = kale([15000] * 40, limits=limits)
+    plan = kale([15000] * 40, limits=limits).plan(obs(0, 40, 15000))
+    assert len(plan.cost) == 33
+    d = run(p, 40, 15000)
+    assert d.reason == Reason.SCALE_DOWN_FORECAST and d.workers <= 32
+    assert d.details == plan.details(32)
+    assert f"saves {(plan.cost[32] - plan.cost[d.workers]) / 3600:.2f} GPU-h" in d.message
+
+
+def test_a_first_start_feeds_what_arrives_to_the_forecast():
+    built = build_kale(LIMITS, get_forecaster("seasonal"), ([1, 8], [1000.0, 8000.0]), CFG)
+    built.first_start(obs(TICK, 0, 7000.0))
+    assert built.forecast.recent_max(TICK, 3600.0) == pytest.approx(7000.0)
