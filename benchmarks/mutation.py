@@ -246,7 +246,7 @@ def main() -> int:
                 for name in got:
                     modules[name]["commit"] = previous.get("modules", {}).get(name, {}).get("commit")
     else:
-        finished, commit = True, head_commit()
+        finished = True
         for i, module in enumerate(todo, 1):
             left = args.budget_s - (time.monotonic() - t0)
             if left <= 0:
@@ -254,7 +254,7 @@ def main() -> int:
                 break
             print(f"[{i}/{len(todo)}] {module}: mutmut against {len(tests[module])} test selection(s), "
                   f"{left:.0f} s of budget left", flush=True)
-            wd = prepare(module, tests[module], args.keep)
+            wd, commit = prepare(module, tests[module], args.keep), head_commit()  # mutmut copies the code now
             done = run_mutmut(wd, left, wd / "mutants-run.log")
             got, rows = tally(wd / "mutants", equivalent)
             for name in got:

@@ -189,7 +189,7 @@ def violation_risk(capacity: np.ndarray, rate: float, freshness_s: float, curren
     n = np.arange(len(c))
     pause = np.where(n != current, min(downtime_s, horizon_s), 0.0)
     age = freshness_s + pause                       # the oldest sample's age when training resumes
-    over_pause = np.clip(age - max(slo_s, freshness_s), 0.0, pause)
+    over_pause = np.maximum(age - max(slo_s, freshness_s), 0.0)  # at most the pause: age - freshness_s
     queue = backlog + rate * pause
     served = np.full(len(c), float(rate))            # the rate the queue arrived at
     np.divide(queue, age, out=served, where=(queue > 0) & (age > 0))

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from kale_airflow.core.fleet import (
+    Allocation,
     JobDemand,
     Override,
     Pin,
@@ -19,7 +20,9 @@ from kale_airflow.core.fleet import (
     bounded,
     bounds_at,
     check_floors,
+    epoch_of,
     first_come,
+    seconds_of,
     violation_risk,
     weighted_costs,
 )
@@ -202,10 +205,144 @@ CAP = np.arange(11) * 100.0  # 100 samples/s per worker
     ("past the SLO, staying exactly at the rate", 500.0, 400.0, 400 * 500.0, 5, 3600.0),
     ("past the SLO, draining", 500.0, 400.0, 400 * 500.0, 10, 90 + (490 - 300) / 1.0),
     ("a queue from a burst ages even at the rate", 500.0, 200.0, 200 * 800.0, 5, 3600 - (300 - 200) / (1 - 5 / 8)),
+    ("past the SLO and short: the whole horizon", 500.0, 400.0, 400 * 500.0, 4, 3600.0),
+    ("more than enough: the pause's queue drains under the SLO", 500.0, 0.0, 0.0, 10, 0.0),
+    ("at exactly the SLO, staying at the rate", 500.0, 300.0, 300 * 500.0, 5, 0.0),
+    ("a queue of unknown age at the rate it arrives", 500.0, 0.0, 1000.0, 5, 0.0),
+    ("an age with nothing queued: nothing is late", 500.0, 400.0, 0.0, 5, 0.0),
+    # after the pause the queue arrived at 900/s: 10 workers drain it (at 500/s spare) in 882 s,
+    # before its age (falling 1/9 s per s from 490 s) is back under 300 s
+    ("a burst's queue drains before its age falls under the SLO", 500.0, 400.0, 400 * 990.0, 10, 90 + 882.0),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_violation_risk_table(case, rate, fresh, backlog, count, expected):
     risk = violation_risk(CAP, rate, fresh, 5, 300.0, 90.0, 3600.0, backlog)
     assert risk[count] == pytest.approx(expected)
+
+
+def test_violation_risk_defaults_and_short_horizons():
+    args = (CAP, 500.0, 0.0, 5, 300.0, 90.0, 3600.0)
+    np.testing.assert_array_equal(violation_risk(*args), violation_risk(*args, 0.0))  # no backlog by default
+    # 4 workers cross the SLO 1,050 s after the pause: past a 600 s horizon, no risk at all.
+    assert violation_risk(CAP, 500.0, 0.0, 5, 300.0, 90.0, 600.0)[4] == 0.0
+    # Half a second old, 1,000 queued that arrived at 2,000/s: 10 workers (staying) drain it in
+    # 2 s while its age grows 0.5 s per s, above a 1 s SLO for the last second.
+    assert violation_risk(CAP, 500.0, 0.5, 10, 1.0, 90.0, 3600.0, 1000.0)[10] == pytest.approx(1.0)
+
+
+def test_violation_risk_is_the_same_in_any_unit_of_samples():
+    # Rates, capacities and backlogs in thousands: every risked second stays as it is.
+    for rate, fresh, backlog in [(500.0, 0.0, 0.0), (500.0, 200.0, 200 * 800.0), (500.0, 400.0, 400 * 990.0),
+                                 (50.0, 30.0, 700.0),
+                                 (500.0, 400.0, 200.0)]:  # a queue of 0.2 thousand at the count staying
+        full = violation_risk(CAP, rate, fresh, 5, 300.0, 90.0, 3600.0, backlog)
+        small = violation_risk(CAP * 1e-3, rate * 1e-3, fresh, 5, 300.0, 90.0, 3600.0, backlog * 1e-3)
+        np.testing.assert_allclose(small, full, rtol=1e-9, atol=1e-9)
+
+
+def test_a_demand_from_a_plan_prices_the_plans_counts_at_the_higher_rate():
+    from kale_airflow.core.capacity import KnownCapacity
+    from kale_airflow.core.policies import KaleConfig, KalePolicy, Observation
+    from kale_airflow.core.sources import OracleForecastSource
+
+    table = 100.0 * COUNTS
+    policy = KalePolicy(Limits(1, 64), OracleForecastSource(0.0, 15.0, np.full(2000, 0.0)), KnownCapacity(table),
+                        KaleConfig(horizon_s=5400.0, slo_s=10.0))
+    plan = policy.plan(Observation(0.0, 3, 0.0, 0.0, 0.0, None, None))
+    assert plan.rate == 0.0
+    kw = dict(capacity=table, freshness_s=4.0, slo_s=10.0, downtime_s=60.0, horizon_s=1800.0)
+    d = JobDemand.from_plan("ads", plan, 2, 3, priority=3.0, **kw)
+    assert d.cost is plan.cost and d.slo_ok is plan.slo_ok and (d.want, d.current, d.priority) == (2, 3, 3.0)
+    assert d.horizon_s == 1800.0
+    np.testing.assert_array_equal(d.risk_s, violation_risk(table[: len(plan.cost)], 0.0, 4.0, 3, 10.0, 60.0, 1800.0))
+    # What is measured now counts when it is above the plan's rate, and so does the backlog.
+    burst = JobDemand.from_plan("ads", plan, 2, 3, arrival_rate=450.0, backlog=900.0, **kw)
+    np.testing.assert_array_equal(burst.risk_s,
+                                  violation_risk(table[: len(plan.cost)], 450.0, 4.0, 3, 10.0, 60.0, 1800.0, 900.0))
+    assert (burst.risk_s != d.risk_s).any()
+
+
+def test_weighted_costs_of_a_job_without_a_plan_are_its_missing_worker_hours():
+    d = JobDemand("a", 5, 2, priority=2.0)
+    np.testing.assert_array_equal(weighted_costs(d, 2, 5), 2.0 * np.array([3, 2, 1, 0]) * 3600.0)
+
+
+def test_counts_a_plan_rules_out_rank_after_every_allowed_one_more_workers_first():
+    # Costs of millions of GPU-seconds, and of a fraction of one: a ruled-out count is always dearer.
+    for scale in (1e7, 0.25):
+        cost = np.array([math.inf, 3.0, math.inf, 2.0, math.inf, math.inf, 1.0]) * scale
+        w = weighted_costs(JobDemand("a", 6, 3, cost=cost), 1, 6)
+        allowed, ruled_out = w[[0, 2, 5]], w[[1, 3, 4]]
+        np.testing.assert_allclose(allowed, [3.0 * scale, 2.0 * scale, 1.0 * scale])
+        assert np.isfinite(w).all() and ruled_out.min() > allowed.max()
+        assert ruled_out[0] > ruled_out[1] > ruled_out[2]  # of counts 2, 4, 5: more workers first
+    # Nothing allowed: still ordered, more workers first.
+    w = weighted_costs(JobDemand("a", 3, 1, cost=np.full(4, math.inf)), 1, 3)
+    assert np.isfinite(w).all() and w[0] > w[1] > w[2]
+
+
+def test_risk_past_the_known_counts_is_the_whole_horizon():
+    # Risk or SLO tables that stop at count 3: count 4 (the ask) risks the whole 60 s horizon.
+    cost = np.array([0.0, 400.0, 300.0, 200.0, 100.0])
+    d = JobDemand("a", 4, 1, cost=cost, risk_s=np.array([0.0, 0.0, 5.0, 0.0]), horizon_s=60.0)
+    np.testing.assert_array_equal(weighted_costs(d, 1, 4, violation_gpus=1.0), [400.0, 305.0, 200.0, 160.0])
+    ok = JobDemand("a", 4, 1, cost=cost, slo_ok=np.array([False, True, False, True]), horizon_s=60.0)
+    np.testing.assert_array_equal(weighted_costs(ok, 1, 4, violation_gpus=1.0), [400.0, 360.0, 200.0, 160.0])
+    free = JobDemand("a", 4, 1, cost=cost)
+    np.testing.assert_array_equal(weighted_costs(free, 1, 4), [400.0, 300.0, 200.0, 100.0])
+    # A cost table that stops short: the counts past it are ruled out, the ask among them, and
+    # no count is priced below the ask.
+    short = weighted_costs(JobDemand("a", 4, 1, cost=cost[:3]), 1, 4)
+    assert np.isfinite(short).all() and short.min() > 400.0 and short[2] > short[3]
+
+
+def test_arbitrate_leaves_a_gpu_idle_rather_than_pay_a_rescale_that_costs_more():
+    # a runs 2 (staying is cheap), b runs its ask of 2: the fifth GPU would cost a a rescale
+    # pause for nothing, so it stays free.
+    a = JobDemand("a", 4, 2, cost=np.array([math.inf, 100.0, 60.0, 80.0, 60.0]))
+    b = JobDemand("b", 2, 2, cost=np.array([math.inf, 50.0, 40.0]))
+    assert arbitrate([a, b], 5) == [2, 2]
+
+
+def test_arbitrate_prices_risk_at_the_violation_price_it_is_given():
+    # b's risk decides only when violation seconds are priced: free of charge, a's plan wins.
+    a = JobDemand("a", 3, 1, cost=np.array([math.inf, 3e4, 2e4, 1e4]))
+    b = JobDemand("b", 3, 1, cost=np.array([math.inf, 2e4, 1.9e4, 1.8e4]), risk_s=np.array([0.0, 900.0, 0.0, 0.0]))
+    assert arbitrate([a, b], 4, violation_gpus=0.0) == [3, 1]
+    assert arbitrate([a, b], 4, violation_gpus=64.0) == [2, 2]
+
+
+def test_an_allocation_reads_back_as_its_fields():
+    held = Allocation(2, 3, 4, True, Reason.HOLD_BUDGET, "b gets 2 of 4", (("a", 6), ("c", 1)))
+    assert held.to_dict() == {"workers": 2, "target": 3, "want": 4, "held_back": True, "reason": "hold_budget",
+                              "message": "b gets 2 of 4", "holders": [["a", 6], ["c", 1]]}
+    assert Allocation(4, 4, 4, False, None, "").to_dict()["reason"] is None
+
+
+def test_a_demands_json_has_no_infinities_and_old_documents_read_with_defaults():
+    d = JobDemand("ads", 3, 2, cost=np.array([math.inf, 1.0]), risk_s=np.array([math.inf, 0.0]))
+    json.dumps(d.to_dict(), allow_nan=False)  # strict JSON: infinities stored as null
+    doc = {"name": "ads", "want": 3, "current": 2, "min_workers": 1, "max_workers": 8, "priority": 1.0}
+    old = JobDemand.from_dict(doc)
+    assert old.horizon_s == 3600.0 and old.locked is False
+    back = JobDemand.from_dict(json.loads(json.dumps(d.to_dict())))
+    assert back.cost.dtype == float and back.risk_s.dtype == float
+
+
+def test_durations_are_numbers_or_text():
+    assert seconds_of(90) == 90.0 and seconds_of(2.5) == 2.5 and seconds_of("90min") == 5400.0
+
+
+def test_dates_are_epoch_seconds_in_utc():
+    assert epoch_of(90) == 90.0 and epoch_of(2.5) == 2.5
+    # 2026-12-24 00:00 UTC, written naive, in UTC and an hour east of it.
+    assert epoch_of("2026-12-24") == epoch_of("2026-12-24T00:00Z") == epoch_of("2026-12-24T01:00+01:00") == 1798070400.0
+
+
+def test_an_override_describes_itself():
+    assert WEEKDAYS.describe() == "office hours: cron '0 8 * * 1-5' for 10 h (min 8)"
+    assert XMAS.describe() == "2026-12-24 00:00 to 2026-12-27 00:00 (max 4)"
+    both = Override(min_workers=2, max_workers=6, start_s=utc("2026-12-24"), end_s=utc("2026-12-25"))
+    assert both.describe() == "2026-12-24 00:00 to 2026-12-25 00:00 (min 2, max 6)"
 
 
 def test_risk_is_priced_by_priority_and_the_violation_price():
