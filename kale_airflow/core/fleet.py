@@ -106,7 +106,7 @@ class JobDemand:
         return cls(doc["name"], int(doc["want"]), int(doc["current"]), int(doc["min_workers"]),
                    int(doc["max_workers"]), float(doc["priority"]), arr(doc.get("cost"), math.inf),
                    arr(doc.get("risk_s"), math.inf), None if slo_ok is None else np.asarray(slo_ok, dtype=bool),
-                   float(doc.get("horizon_s", 3600.0)), doc.get("held"), bool(doc.get("locked", False)))
+                   float(doc.get("horizon_s", 3600.0)), doc.get("held"), bool(doc.get("locked")))
 
     def idle(self) -> "JobDemand":
         """The demand of a job whose autoscaler stopped asking: it keeps what it runs, and
@@ -125,7 +125,7 @@ class JobDemand:
         plan's first-step rate and the measured one: a burst the forecast has not caught up
         with yet is never a reason to take a job's workers."""
         rate = max(plan.rate, arrival_rate or 0.0)
-        risk = violation_risk(np.asarray(capacity, dtype=float)[: len(plan.cost)], rate, freshness_s, current,
+        risk = violation_risk(np.asarray(capacity)[: len(plan.cost)], rate, freshness_s, current,
                               slo_s, downtime_s, horizon_s, backlog)
         return cls(name, want, current, cost=plan.cost, risk_s=risk, slo_ok=plan.slo_ok, horizon_s=horizon_s,
                    **kwargs)
@@ -216,7 +216,7 @@ def _time_above(age: np.ndarray, slope: np.ndarray, span: np.ndarray, slo_s: flo
 def _slice(values, lo: int, hi: int, fill: float = math.inf) -> np.ndarray:
     """``values[lo..hi]`` as floats, ``fill`` past the end."""
     a = np.asarray(values, dtype=float)[lo: hi + 1]
-    return a if len(a) == hi - lo + 1 else np.concatenate([a, np.full(hi - lo + 1 - len(a), fill)])
+    return np.concatenate([a, np.full(hi - lo + 1 - len(a), fill)])
 
 
 def _risk(d: JobDemand, lo: int, hi: int) -> np.ndarray:
@@ -336,13 +336,10 @@ def allocate(demands: list[JobDemand], budget: int, *, rule: str = "arbiter",
     if rule not in RULES:
         raise ValueError(f"unknown rule {rule!r}; choose from {', '.join(RULES)}")
     check_floors({d.name: d.min_workers for d in demands}, budget)
-    costs = None
-    if rule == "arbiter":
-        targets, costs = _arbitrate(demands, budget, violation_gpus)
-    else:
-        targets = first_come(demands, budget)
+    targets, costs = (_arbitrate(demands, budget, violation_gpus) if rule == "arbiter"
+                      else (first_come(demands, budget), None))
     now = admit(demands, targets, budget)
-    use = [max(d.gpus, n) if n != d.current else d.gpus for d, n in zip(demands, now)]
+    use = [max(d.gpus, n) for d, n in zip(demands, now)]  # what each holds now (a pause keeps its old GPUs)
     ranked = sorted(((d.name, u) for d, u in zip(demands, use) if u > 0), key=lambda h: (-h[1], h[0]))
     out = {}
     for i, d in enumerate(demands):
@@ -351,14 +348,14 @@ def allocate(demands: list[JobDemand], budget: int, *, rule: str = "arbiter",
             out[d.name] = Allocation(now[i], targets[i], want, False, None, "")
             continue
         holders = tuple(h for h in ranked if h[0] != d.name)
-        why = _why(i, demands, targets, now, rule, costs[i] if costs else None)
+        why = _why(i, demands, targets, now, costs[i] if costs else None)
         held = ", ".join(f"{name} {n}" for name, n in holders) or "nobody"
         out[d.name] = Allocation(now[i], targets[i], want, True, Reason.HOLD_BUDGET,
                                  f"{why} (budget {budget} GPUs: {held})", holders)
     return out
 
 
-def _why(i: int, demands: list[JobDemand], targets: list[int], now: list[int], rule: str, costs) -> str:
+def _why(i: int, demands: list[JobDemand], targets: list[int], now: list[int], costs) -> str:
     """Why job i runs fewer workers than it asks for, in the rule's terms: the arbiter gave
     the GPUs where they save more, the first-come order gave them to earlier jobs, or its
     scale-up waits for GPUs that others are releasing (their targets are below what they hold)."""
@@ -367,9 +364,9 @@ def _why(i: int, demands: list[JobDemand], targets: list[int], now: list[int], r
     if workers < target:
         releasing = [e.name for e, t in zip(demands, targets) if e is not d and t < e.gpus]
         return (f"{d.name} waits at {workers} for the {target - max(workers, d.gpus)} GPUs its scale-up to {target} "
-                f"needs, being released by {', '.join(releasing) or 'the other jobs'}")
+                f"needs, being released by {', '.join(releasing)}")
     head = f"{d.name} gets {target} of the {hi} workers it asks for"
-    if rule == "fcfs" or costs is None:
+    if costs is None:  # the first-come rule (the arbiter splits costs whenever a job is held back)
         return f"{head}: jobs before it in the first-come order took the rest"
     gain = (costs[target - lo] - costs[hi - lo]) / 3600.0
     return (f"{head}: the {hi - target} more would save it {gain:.2f} GPU-h (priority {d.priority:g} x its plan's "
@@ -381,8 +378,7 @@ def epoch_of(value) -> float:
     """Epoch seconds of a date, date-time or number (naive values are UTC)."""
     if isinstance(value, (int, float)):
         return float(value)
-    ts = pd.Timestamp(value)
-    return (ts.tz_convert("UTC") if ts.tzinfo else ts.tz_localize("UTC")).value / 1e9
+    return pd.Timestamp(value).value / 1e9  # the UTC epoch of an aware value, a naive one read as UTC
 
 
 def seconds_of(value) -> float:

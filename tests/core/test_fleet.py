@@ -439,3 +439,93 @@ def test_a_demand_survives_the_control_plane_and_an_idle_one_keeps_what_it_runs(
     assert idle.cost is None and idle.priority == 2.0
     out = allocate([idle, JobDemand("ranking", 10, 0, 1, 10)], 10)
     assert out["ads"].workers == 2 and out["ranking"].workers == 6  # ads keeps its 2 (it holds 4 now)
+
+
+# ---------------------------------------------------------------- what mutation showed untested
+def test_a_job_that_gets_what_it_asks_is_not_held_back():
+    out = allocate([demand("a", 10), demand("b", 5)], 30)
+    assert out["a"] == Allocation(10, 10, 10, False, None, "")
+
+
+def test_the_holders_are_listed_by_gpus_then_name_and_only_those_releasing_are_named():
+    # z goes down from 6 (releasing), c stays at 1, d runs nothing, b waits to go up.
+    z, b = demand("z", 3, current=6), demand("b", 8, current=2)
+    c, d = demand("c", 1, current=1), JobDemand("d", 0, 0, 0, 4)
+    out = allocate([z, b, c, d], 12)
+    assert out["b"].message == ("b waits at 2 for the 6 GPUs its scale-up to 8 needs, being released by z "
+                                "(budget 12 GPUs: z 6, c 1)")
+    assert out["b"].holders == (("z", 6), ("c", 1))
+
+
+def test_a_job_admitted_up_holds_its_new_count():
+    a, b = demand("a", 6, current=2), staying(10, 5)
+    out = allocate([a, b], 11)
+    assert out["a"].workers == 6 and ("a", 6) in out["b"].holders
+
+
+def test_scale_ups_share_what_is_free_in_order_and_floors_take_what_is_left():
+    ups = [demand("a", 7, current=2), demand("b", 7, current=2)]
+    assert admit(ups, [7, 7], 12) == [7, 2]  # 8 free: a's 5 fit, b's 5 wait for the 3 left
+    floors = [demand("a", 3, current=1, min_workers=3), demand("b", 3, current=1, min_workers=3)]
+    assert admit(floors, [5, 5], 5) == [4, 1]  # a's 4 more do not fit: it takes the 3 free towards its floor
+    assert admit(floors[:1], [3], 2) == [2]  # one GPU free: towards the floor at once
+
+
+def test_the_arbiters_reason_states_the_saving_in_gpu_hours():
+    a = demand("a", 10, cost=(10 - COUNTS[:11]) * 288_000.0)  # 80 GPU-h per worker short
+    b = demand("b", 10, current=5, cost=(10 - COUNTS[:11]) * 28_800.0)  # 8 GPU-h per worker short
+    msg = allocate([a, b], 15)["b"].message
+    assert msg == ("b gets 5 of the 10 workers it asks for: the 5 more would save it 40.00 GPU-h (priority 1 x its "
+                   "plan's cost and risked SLO time), less than they save where they are (budget 15 GPUs: a 10)")
+
+
+def test_pins_and_windows_state_their_bounds_exactly():
+    t = utc("2026-12-24 09:00")
+    assert bounds_at(LIMITS, t).message == "" and bounds_at(LIMITS, t).until_s == math.inf
+    assert bounds_at(LIMITS, t, pins=[Pin(3, t)]).until_s == math.inf  # a pin ending now is over
+    plain = bounds_at(LIMITS, t, pins=[Pin(0, t + 60)])
+    assert (plain.min_workers, plain.message) == (1, "pinned to 1 workers until 2026-12-24 09:01")
+    six = Override(max_workers=6, start_s=utc("2026-12-24"), end_s=utc("2026-12-25"), name="six")
+    both = bounds_at(LIMITS, t, [XMAS, six])
+    assert both.max_workers == 4
+    assert both.message == ("schedule override 2026-12-24 00:00 to 2026-12-27 00:00 (max 4); "
+                            "six: 2026-12-24 00:00 to 2026-12-25 00:00 (max 6)")
+    before = bounds_at(LIMITS, utc("2026-12-20"), [XMAS])
+    assert (before.max_workers, before.reason) == (32, None)
+    # Half a second before the 08:00 window: closed, opening at 08:00.
+    early = bounds_at(LIMITS, utc("2026-12-01 08:00") - 0.5, [WEEKDAYS])
+    assert (early.min_workers, early.until_s) == (1, utc("2026-12-01 08:00"))
+
+
+def test_a_decision_moved_inside_the_bounds_keeps_its_details():
+    b = bounds_at(LIMITS, utc("2026-12-01 09:00"), [WEEKDAYS])
+    assert bounded(Decision(3, Reason.HOLD, "x", {"plan": [1, 2]}), b).details == {"plan": [1, 2]}
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"cron": "0 8 * * *", "duration_s": 60.0, "name": "peak"}, "schedule override peak: give min_workers, "
+                                                                "max_workers or both"),
+    ({"cron": "0 8 * * *", "duration_s": 0.0, "min_workers": 2}, "schedule override 0 8 * * *: cron '0 8 * * *' "
+     "needs five valid fields and a positive duration, e.g. cron: '0 8 * * 1-5' with duration: 10h"),
+    ({"start_s": 10.0, "end_s": 10.0, "min_workers": 2}, "schedule override: end must come after start"),
+])
+def test_an_override_refused_says_which_and_why(kwargs, message):
+    with pytest.raises(ValueError) as e:
+        Override(**kwargs)
+    assert str(e.value) == message
+
+
+def test_the_tightest_overrides_and_pins_are_allowed():
+    assert Override(min_workers=4, max_workers=4, cron="0 8 * * *", duration_s=1.0).duration_s == 1.0
+    assert Pin(0, 60.0).workers == 0
+    with pytest.raises(ValueError) as e:
+        Pin(-1, 60.0)
+    assert str(e.value) == "a pin needs workers >= 0, got -1"
+
+
+def test_names_and_notes_come_from_config_and_default_to_empty():
+    named = Override.from_dict({"cron": "0 8 * * *", "duration": "1h", "min_workers": 2, "name": "peak"})
+    assert named.name == "peak"
+    assert Override.from_dict({"cron": "0 8 * * *", "duration": "1h", "min_workers": 2}).name == ""
+    assert Pin.from_dict({"workers": 2, "until": 60, "note": "incident 7"}).note == "incident 7"
+    assert Pin.from_dict({"workers": 2, "until": 60}).note == ""
