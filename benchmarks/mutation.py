@@ -10,7 +10,10 @@ It prints per module the mutants killed and surviving and writes
 ``benchmarks/results/mutation.json``:
 ``{"score": S, "modules": {"<path>": {"killed": K, "survived": V, "score": S, "commit": C, ...}},
 "survivors": {"<path>": [{"mutant", "change", "explained"}]}}``; each module records the commit
-it ran at, and ``--modules`` brings a few up to date while the others keep theirs.
+it ran at (and a hash of its source), and ``--modules`` brings a few up to date while the others
+keep theirs. ``--recheck`` runs only a module's survivors again, against the tests as they are
+now, when its source has not changed since its run: after writing tests for what survived, a
+minute instead of a whole run (the commit it records is the recheck's, its tests' commit).
 
 A survivor is *explained* when ``benchmarks/mutation_equivalent.toml`` names its change
 (function and mutated line, so the explanation survives a renumbering of the mutants) with
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
+import hashlib
 import json
 import os
 import re
@@ -127,13 +131,14 @@ def tally(mutants: Path, equivalent: dict[str, str]) -> tuple[dict, dict]:
     return modules, survivors
 
 
-def run_mutmut(workdir: Path, budget_s: float, log: Path) -> bool:
-    """``mutmut run`` in ``workdir``, in its own process group; stopped (the whole group) at the budget."""
-    with log.open("w") as fh:
+def run_mutmut(workdir: Path, budget_s: float, log: Path, names: list[str] = ()) -> bool:
+    """``mutmut run`` (of ``names`` only, when given) in ``workdir``, in its own process group;
+    stopped (the whole group) at the budget."""
+    with log.open("a" if names else "w") as fh:
         # One math thread per test process: mutmut forks a process per mutant from one that has
         # run torch, and a forked OpenMP pool deadlocks (the worker's tests then time out).
         env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        proc = subprocess.Popen([sys.executable, "-m", "mutmut", "run"], cwd=workdir, stdout=fh, env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "mutmut", "run", *names], cwd=workdir, stdout=fh, env=env,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
             proc.wait(timeout=max(budget_s, 1.0))
@@ -199,6 +204,11 @@ def mutated_modules() -> list[str]:
     return list(module_tests())
 
 
+def source_hash(module: str) -> str:
+    """The module's source as its run mutated it (a recheck needs the same source)."""
+    return hashlib.sha1((ROOT / module).read_bytes()).hexdigest()[:12]
+
+
 def head_commit() -> str | None:
     """The short hash of the checked-out commit (None outside a git checkout)."""
     proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
@@ -223,6 +233,9 @@ def main() -> int:
     ap.add_argument("--report-only", action="store_true", help="tally the last runs without running mutmut")
     ap.add_argument("--keep", action="store_true",
                     help="reuse each module's mutants/ (mutmut's cache) instead of starting afresh")
+    ap.add_argument("--recheck", action="store_true",
+                    help="run only the last run's surviving mutants again, against the tests as they are now "
+                         "(after adding tests for them); refused for a module whose source changed since")
     ap.add_argument("--modules", nargs="+", metavar="PATH", default=[],
                     help="mutate only these modules of [tool.kale.mutation.tests] (e.g. kale_airflow/core/planning.py) "
                          "and merge their figures into the result file; the other modules keep theirs")
@@ -244,7 +257,8 @@ def main() -> int:
                 modules.update(got)
                 survivors.update(rows)
                 for name in got:
-                    modules[name]["commit"] = previous.get("modules", {}).get(name, {}).get("commit")
+                    last = previous.get("modules", {}).get(name, {})
+                    modules[name]["commit"], modules[name]["source"] = last.get("commit"), last.get("source")
     else:
         finished = True
         for i, module in enumerate(todo, 1):
@@ -254,11 +268,21 @@ def main() -> int:
                 break
             print(f"[{i}/{len(todo)}] {module}: mutmut against {len(tests[module])} test selection(s), "
                   f"{left:.0f} s of budget left", flush=True)
-            wd, commit = prepare(module, tests[module], args.keep), head_commit()  # mutmut copies the code now
-            done = run_mutmut(wd, left, wd / "mutants-run.log")
+            names = []
+            if args.recheck:
+                last = previous.get("modules", {}).get(module, {})
+                if last.get("source") != source_hash(module) or not (workdir(module) / "mutants").exists():
+                    raise SystemExit(f"{module} changed since its last run (or has none): --recheck reruns the "
+                                     "survivors of that run only; run the module afresh")
+                names = [r["mutant"] for r in previous.get("survivors", {}).get(module, [])]
+                if not names:
+                    continue
+            # mutmut copies the code now
+            wd, commit = prepare(module, tests[module], args.keep or args.recheck), head_commit()
+            done = run_mutmut(wd, left, wd / "mutants-run.log", names)
             got, rows = tally(wd / "mutants", equivalent)
             for name in got:
-                got[name]["commit"] = commit
+                got[name]["commit"], got[name]["source"] = commit, source_hash(name)
             modules.update(got)
             survivors.update(rows)
             if not done:

@@ -283,7 +283,7 @@ class Worker:
         self._newest_good = r.newest_good  # model.pt read back (or written) here: safe to keep as the previous one
 
     def _init_counters(self) -> None:
-        self.steps = self.replica.steps
+        self.steps = 0  # a warm replica's step comes with its state (restore)
         self.trained = 0  # samples this rank trained in this generation (replays included)
         self.malformed = 0
         self._last_loss = float("nan")
@@ -293,7 +293,7 @@ class Worker:
         self.source: int | None = None  # the rank whose state this generation took (None: a new model)
         self.kind: str | None = None  # WARM (a rank's memory) or RESTART (the checkpoint file)
         self.fallback = False  # restored from the previous checkpoint: the newest could not be read
-        self.last_step_t: float | None = self.replica.last_step_t
+        self.last_step_t: float | None = None
         self._checkpointed: list[tuple] | None = None
         self._checked_at = -math.inf
 
@@ -405,7 +405,7 @@ class Worker:
         change: :func:`~kale_airflow.runtime.elastic.choose_source`), else the checkpoint
         rank 0 reads; returns the checkpointed slice positions of that state."""
         r = self.replica
-        members = self._gather((r.has_state, r.steps if r.has_state else -1))
+        members = self._gather((r.has_state, r.steps))
         src = choose_source(members)
         if src is None:
             return self._restore_checkpoint(committed)
@@ -506,14 +506,12 @@ class Worker:
             log.warning("cannot read checkpoint(s) %s; nothing is committed yet: starting a new model", files)
 
     # ---------------------------------------------------------------- positions
-    def check_positions(self, committed: dict[Slice, int] | None = None, slices: list[Slice] | None = None,
-                        collective: bool = False) -> None:
+    def check_positions(self, committed: dict[Slice, int] | None = None, collective: bool = False) -> None:
         """Raise :class:`StreamPositionError` when a slice's position lies past its partition's
         log end or below its log start (an emptied or recreated log, records deleted before they
         were trained): training on would skip records silently. ``collective``: every rank
         raises, with every rank's findings."""
-        wanted = self.slices if slices is None else slices
-        problems = self._position_problems(wanted, committed) if wanted else []
+        problems = self._position_problems(self.slices, committed)
         if collective:
             problems = [p for rows in self._gather(problems) for p in rows]
         if problems:
@@ -547,14 +545,14 @@ class Worker:
         return low <= self.positions[s] <= high
 
     # ---------------------------------------------------------------- training
-    def _read(self) -> tuple[list, dict, list, int]:
-        """This rank's share of the next global batch: (payloads of its slices, new positions,
-        audit rows, records read). Every slice is offered an equal part of the batch; what the
+    def _read(self) -> tuple[list, dict, list]:
+        """This rank's share of the next global batch: (payloads of its slices, new positions of
+        the slices that read records, audit rows). Every slice is offered an equal part of the batch; what the
         slices with less queued leave is offered again to those that filled their part, until
         the batch is full or no slice holds more. A rank's slices carry unequal traffic, and an
         equal part alone would cap its busiest slice at ``batch_size / slices`` per step however
         much it has queued, with the rest of the batch empty."""
-        payloads, new_pos, audit, read, dry = [], {}, [], 0, []
+        payloads, new_pos, audit, dry = [], {}, [], []
         more = list(self.slices)
         per = max(1, self.batch_size // max(1, len(more)))  # the first offer: an equal part each
         while more:
@@ -567,7 +565,6 @@ class Worker:
                     if s not in new_pos:
                         dry.append(s)
                     continue
-                read += len(got)
                 keep = s.mask(offsets)
                 mine = got if keep.all() else list(compress(got, keep.tolist()))
                 payloads.extend(mine)
@@ -583,19 +580,20 @@ class Worker:
         # A slice with nothing to read may be past the end of a log that was emptied under it.
         if dry and time.monotonic() - self._checked_at >= POSITION_CHECK_S:
             self._checked_at = time.monotonic()
-            self.check_positions(slices=dry)
-        return payloads, new_pos, audit, read
+            self.check_positions()
+        return payloads, new_pos, audit
 
     def step(self, stop: bool = False) -> tuple[int, int, bool]:
         """One synchronized step (collective: every rank calls it the same number of times).
 
         Returns (samples this rank trained, samples the job trained, stop agreed by any rank)."""
         t0 = time.perf_counter()
-        payloads, new_pos, audit, read = ([], {}, [], 0) if stop else self._read()
+        payloads, new_pos, audit = ([], {}, []) if stop else self._read()
         batch = self.trainer.decode(payloads) if payloads else Decoded(None, 0, 0)
         self.malformed += batch.malformed
         n = batch.samples
-        total, stops, dry, reads, due = self._all_sum([n, float(stop), float(n == 0), read, float(self._time_due())])
+        total, stops, dry, reads, due = self._all_sum([n, float(stop), float(n == 0), float(bool(new_pos)),
+                                                       float(self._time_due())])
         total = int(total)
         self.checkpoint_due = due > 0  # rank 0's clock decides for every rank
         self._dry = self._dry or dry > 0
@@ -696,7 +694,7 @@ class Worker:
         # A job that joined late (slow start, rendezvous) may already be superseded: train nothing.
         stop_next = self.rank == 0 and self.superseded(required=True)
         if stop_next:
-            log.info("generation %s superseded: stopping every rank at the first step", self.generation)
+            log.info("generation %s superseded: stopping every rank at the first step", self.generation)  # pragma: no mutate
         self._seen("running")
         last_report = last_poll = time.monotonic()
         reached = idle_exit = False
@@ -890,14 +888,14 @@ class Job:
         try:
             verdict = self._meet(generation, total)
         except DuplicateSlot as exc:
-            log.warning("%s: leaving (the other process trains this slot)", exc)
+            log.warning("%s: leaving (the other process trains this slot)", exc)  # pragma: no mutate
             return None
         if verdict == TIMEOUT:
             raise RendezvousTimeout(f"the {total} rank(s) of generation {generation} did not all meet within "
                                     f"{self._wait_s():g} s")
         if verdict != GO:
-            log.info("generation %s was superseded before its ranks met: on to the next one", generation)
-            return {"reason": "stopped", "generation": generation}
+            log.info("generation %s was superseded before its ranks met: on to the next one", generation)  # pragma: no mutate
+            return {"reason": "stopped"}
         self.generation = generation
         try:
             summary = self._run_generation(generation, total, assignment, decided)
