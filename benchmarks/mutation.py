@@ -10,7 +10,7 @@ It prints per module the mutants killed and surviving and writes
 ``benchmarks/results/mutation.json``:
 ``{"score": S, "modules": {"<path>": {"killed": K, "survived": V, "score": S, "commit": C, ...}},
 "survivors": {"<path>": [{"mutant", "change", "explained"}]}}``; each module records the commit
-it ran at (and a hash of its source), and ``--modules`` brings a few up to date while the others
+it ran at, and ``--modules`` brings a few up to date while the others
 keep theirs. ``--recheck`` runs only a module's survivors again, against the tests as they are
 now, when its source has not changed since its run: after writing tests for what survived, a
 minute instead of a whole run (the commit it records is the recheck's, its tests' commit).
@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
-import hashlib
 import json
 import os
 import re
@@ -204,9 +203,9 @@ def mutated_modules() -> list[str]:
     return list(module_tests())
 
 
-def source_hash(module: str) -> str:
-    """The module's source as its run mutated it (a recheck needs the same source)."""
-    return hashlib.sha1((ROOT / module).read_bytes()).hexdigest()[:12]
+def unchanged_since(commit: str | None, module: str) -> bool:
+    """Whether ``module`` in the work tree is the source its run at ``commit`` mutated."""
+    return bool(commit) and subprocess.run(["git", "diff", "--quiet", commit, "--", module], cwd=ROOT).returncode == 0
 
 
 def head_commit() -> str | None:
@@ -257,8 +256,7 @@ def main() -> int:
                 modules.update(got)
                 survivors.update(rows)
                 for name in got:
-                    last = previous.get("modules", {}).get(name, {})
-                    modules[name]["commit"], modules[name]["source"] = last.get("commit"), last.get("source")
+                    modules[name]["commit"] = previous.get("modules", {}).get(name, {}).get("commit")
     else:
         finished = True
         for i, module in enumerate(todo, 1):
@@ -271,7 +269,7 @@ def main() -> int:
             names = []
             if args.recheck:
                 last = previous.get("modules", {}).get(module, {})
-                if last.get("source") != source_hash(module) or not (workdir(module) / "mutants").exists():
+                if not unchanged_since(last.get("commit"), module) or not (workdir(module) / "mutants").exists():
                     raise SystemExit(f"{module} changed since its last run (or has none): --recheck reruns the "
                                      "survivors of that run only; run the module afresh")
                 names = [r["mutant"] for r in previous.get("survivors", {}).get(module, [])]
@@ -282,7 +280,7 @@ def main() -> int:
             done = run_mutmut(wd, left, wd / "mutants-run.log", names)
             got, rows = tally(wd / "mutants", equivalent)
             for name in got:
-                got[name]["commit"], got[name]["source"] = commit, source_hash(name)
+                got[name]["commit"] = commit
             modules.update(got)
             survivors.update(rows)
             if not done:

@@ -34,8 +34,8 @@ def pin(store, workers: int, until_s: float, note: str = "", now: float | None =
     now = time.time() if now is None else now
     if until_s <= now:
         raise ValueError("a pin must end in the future: give --until a later time (UTC) or a duration like 2h")
-    Pin(int(workers), float(until_s), note)  # its own checks
-    rec = {"workers": int(workers), "until": float(until_s), "note": note, "since": now}
+    p = Pin(int(workers), float(until_s), note)  # its own checks
+    rec = {"workers": p.workers, "until": p.until_s, "note": p.note, "since": now}
     store.set_value(PIN_KEY, rec)
     return rec
 
@@ -115,5 +115,5 @@ class FleetLimits:
             if job == self.dep.job or not rec:
                 continue
             demand = JobDemand.from_dict(rec)
-            out.append(demand if now - float(rec.get("ts", 0.0)) <= ttl_s else demand.idle())
+            out.append(demand if now - float(rec["ts"]) <= ttl_s else demand.idle())
         return out

@@ -70,7 +70,7 @@ def slots_to_start(workers: int, seen: dict[int, dict], now: float, stale_s: flo
     (:meth:`~kale_airflow.store.StateStore.workers_seen`)."""
     def warm(slot: int) -> bool:
         rec = seen.get(slot)
-        return rec is not None and rec.get("state") == "warm" and now - float(rec.get("heartbeat", 0)) < stale_s
+        return rec is not None and rec["state"] == "warm" and now - float(rec["heartbeat"]) < stale_s
 
     return [s for s in range(workers) if not warm(s)]
 
@@ -125,8 +125,7 @@ class Generations:
         target = int(decision["workers"])
         if decision.get("status") != "scale":
             cur = self.store.current()
-            self.log.info("nothing to apply (%s): %s workers running", decision.get("status"),  # pragma: no mutate
-                          cur["workers"] if cur else 0)  # pragma: no mutate
+            self._log_nothing(decision, cur)
             return {"skip": True, "workers": cur["workers"] if cur else target,
                     "generation": cur["generation"] if cur else None, "outcome": "hold", "started": None}
         expected = (decision["current_generation"] if "current_generation" in decision
@@ -135,6 +134,9 @@ class Generations:
         self._log_applied(decision, expected, done)
         return {"skip": not done.applied or bool(done.started), "workers": done.workers,
                 "generation": done.generation, "outcome": done.outcome, "started": done.started}
+
+    def _log_nothing(self, decision: dict, cur: dict | None) -> None:  # pragma: no mutate block
+        self.log.info("nothing to apply (%s): %s workers running", decision.get("status"), cur["workers"] if cur else 0)
 
     def _log_applied(self, decision: dict, expected: str | None, done: AppliedGeneration) -> None:  # pragma: no mutate block
         if done.outcome == "applied":

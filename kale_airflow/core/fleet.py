@@ -199,8 +199,10 @@ def violation_risk(capacity: np.ndarray, rate: float, freshness_s: float, curren
     spare = c - rate
     drained = np.full(len(c), math.inf)
     np.divide(queue, spare, out=drained, where=spare > 0)
-    span = np.minimum(np.where(queue > 0, drained, 0.0), horizon_s - pause)
-    return over_pause + _time_above(age, slope, span, slo_s)
+    # Nothing queued (the current count, no backlog): the next sample to arrive is the oldest,
+    # aged 0, and a count short of the rate queues from now on.
+    start = np.where(queue > 0, age, 0.0)
+    return over_pause + _time_above(start, slope, np.minimum(drained, horizon_s - pause), slo_s)
 
 
 def _time_above(age: np.ndarray, slope: np.ndarray, span: np.ndarray, slo_s: float) -> np.ndarray:

@@ -35,7 +35,6 @@ rank that waits without a generation holds no GPU memory beyond its CUDA context
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 import os
 import socket
@@ -96,8 +95,8 @@ def added_ready(world: int, current: dict | None, seen: dict[int, dict] | None, 
     ``ready`` (or runs) in ``seen`` (its heartbeats), or after ``limit_s``. The local pool starts
     the added slots when the generation is named: training goes on while they import."""
     workers = (current or {}).get("workers")
-    if workers is None or int(workers) <= world or waited_s >= limit_s:
-        return True
+    if workers is None or waited_s >= limit_s:
+        return True  # (no larger: it adds no slot to wait for)
     states = {w: (rec or {}).get("state") for w, rec in (seen or {}).items()}
     return all(states.get(s) in ("ready", "running") for s in range(world, int(workers)))
 
@@ -436,7 +435,3 @@ class Rendezvous:
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
-
-def dumps(obj) -> str:
-    """JSON for logs and records (numbers rounded)."""
-    return json.dumps(obj, default=lambda o: round(o, 3) if isinstance(o, float) else str(o))

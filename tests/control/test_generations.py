@@ -2,6 +2,8 @@
 old slices overlapping it (a lagging slice's samples are never skipped), never moves a
 commit back, and is idempotent."""
 
+import time
+
 import pytest
 
 from kale_airflow.control.generations import handover
@@ -404,6 +406,7 @@ class Observing:
         return self.name
 
     def poke(self, now=None):
+        self.at = now
         self.name = self.becomes or self.name
         return self.result
 
@@ -430,3 +433,69 @@ def test_only_slots_without_a_warm_rank_get_a_pod(workers, seen, start):
     from kale_airflow.control.generations import slots_to_start
 
     assert slots_to_start(workers, seen, now=100.0) == start
+
+
+def test_a_warm_heartbeat_exactly_the_stale_age_old_is_gone():
+    from kale_airflow.control.generations import STALE_HEARTBEAT_S, slots_to_start
+
+    seen = {0: {"state": "warm", "heartbeat": 100.0 - STALE_HEARTBEAT_S}, 1: {"state": "warm", "heartbeat": 99.0}}
+    assert slots_to_start(2, seen, now=100.0) == [0]
+
+
+@pytest.mark.parametrize("before", [[], [FIRST]], ids=["nothing-running", "running"])
+def test_a_decision_that_is_not_a_scale_starts_nothing_and_reports_what_runs(tmp_path, before):
+    gens = generations_on(tmp_path)
+    for i, d in enumerate(before):
+        gens.apply(d, run_id=f"before{i}")
+    out = gens.apply(scale(2, 6, status="hold"), run_id="run")
+    running = ("g000001-2w", 2) if before else (None, 6)  # nothing runs: the decision's count
+    assert out == {"skip": True, "workers": running[1], "generation": running[0], "outcome": "hold", "started": None}
+
+
+def test_a_generation_is_made_at_the_decisions_time_and_the_log_names_what_it_replaces(tmp_path, caplog):
+    import logging
+
+    gens = generations_on(tmp_path)
+    gens.apply(FIRST, run_id="run1", now=1000.0)
+    with caplog.at_level(logging.INFO):
+        gens.apply(scale(2, 4), run_id="run2", now=2000.0)
+    assert gens.store.get_value("generation_meta")["since"] == 2000.0
+    assert gens.store.generation("g000002-4w")["created"] == 2000.0
+    assert "new generation g000002-4w replaces g000001-2w" in caplog.text
+
+
+def test_waiting_for_the_old_workers_says_so_once_per_change(tmp_path, caplog):
+    import logging
+    import threading
+
+    gens = generations_at(tmp_path, timeout_s=5.0)
+    gens.store.worker_seen("g1", 0, "running")
+    gens.store.worker_seen("g1", 1, "running")
+    steps = threading.Thread(target=lambda: (time.sleep(0.3), gens.store.worker_seen("g1", 0, "stopped"),
+                                             time.sleep(0.3), gens.store.worker_seen("g1", 1, "stopped")))
+    steps.start()
+    with caplog.at_level(logging.INFO):
+        gens.await_stopped("g1", poll_s=0.02)
+    steps.join()
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for worker(s)")]
+    assert said == ["waiting for worker(s) [0, 1] of generation g1 to checkpoint and stop",
+                    "waiting for worker(s) [1] of generation g1 to checkpoint and stop"]
+
+
+def test_a_rebalance_marks_when_the_handover_began(tmp_path):
+    from kale_airflow.runtime.elastic import HANDOVER_KEY
+
+    gens = generations_on(tmp_path)
+    EmbeddedStream(tmp_path / "s.db", partitions=2).append(0, [b"x"] * 10, ts=time.time() - 10)
+    before = time.time()
+    gens.rebalance("g1", 2)
+    assert gens.store.get_value(HANDOVER_KEY)["generation"] == "g1"
+    assert before <= gens.store.get_value(HANDOVER_KEY)["since"] <= time.time()
+
+
+def test_the_decision_event_observes_at_the_time_it_is_given():
+    from kale_airflow.control.generations import decision_event
+
+    autoscaler = Observing(2, 4)
+    decision_event(autoscaler, now=1234.0)
+    assert autoscaler.at == 1234.0

@@ -210,6 +210,9 @@ CAP = np.arange(11) * 100.0  # 100 samples/s per worker
     ("at exactly the SLO, staying at the rate", 500.0, 300.0, 300 * 500.0, 5, 0.0),
     ("a queue of unknown age at the rate it arrives", 500.0, 0.0, 1000.0, 5, 0.0),
     ("an age with nothing queued: nothing is late", 500.0, 400.0, 0.0, 5, 0.0),
+    # the current 5 workers serve 500/s of 600/s arriving: from an empty queue the oldest
+    # sample ages 1/6 s per s and passes the SLO after 1,800 s
+    ("short with nothing queued yet: the queue builds from now", 600.0, 0.0, 0.0, 5, 3600 - 300 * 6),
     # after the pause the queue arrived at 900/s: 10 workers drain it (at 500/s spare) in 882 s,
     # before its age (falling 1/9 s per s from 490 s) is back under 300 s
     ("a burst's queue drains before its age falls under the SLO", 500.0, 400.0, 400 * 990.0, 10, 90 + 882.0),

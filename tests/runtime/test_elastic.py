@@ -96,6 +96,27 @@ def test_a_pause_record_measures_from_the_decision_and_from_the_last_step():
     assert pause_record("g2", RESTART, None, None, 5.0, None, 1, 0)["pause_s"] is None
 
 
+def test_a_pause_record_holds_every_field_to_the_millisecond():
+    assert pause_record("g2", RESTART, 100.0, 101.0, 102.12345, 2, 3, None, "no rank held the state") == {
+        "generation": "g2", "kind": RESTART, "reason": "no rank held the state", "from_world": 2, "to_world": 3,
+        "source_rank": None, "decided": 100.0, "last_step": 101.0, "first_step": 102.12345, "pause_s": 2.123,
+        "gap_s": 1.123}
+
+
+def test_a_measured_pause_replaces_the_estimate_to_the_millisecond_and_a_record_may_lack_pauses():
+    assert merge_pause({"generation": "g4", "pauses": [20.0]}, "g4", 2.12345, WARM)["pauses"] == [2.123]
+    assert merge_pause({"generation": "g1"}, "g2", 1.0, WARM) == {"generation": "g2", "pauses": [1.0],
+                                                                  "kinds": [WARM]}
+
+
+def test_a_rendezvous_through_the_control_plane_needs_its_database():
+    with pytest.raises(SystemExit, match=r"^--rendezvous control-plane needs the control-plane database "
+                                         r"\(KALE_DATABASE_URL\)$"):
+        Rendezvous("control-plane:29500", 1)._need_control()
+    link = object()
+    assert Rendezvous("control-plane:29500", 1, link)._need_control() is link
+
+
 @pytest.mark.parametrize("world, current, seen, waited, ready", [
     (2, {"workers": 2}, {}, 0.0, True),                                  # no larger: stop at once
     (2, {"workers": 1}, {}, 0.0, True),

@@ -241,3 +241,88 @@ def test_one_warm_process_trains_generation_after_generation_until_its_slot_is_l
     assert state_of(store, "g1") == "warm" and state_of(store, "g2") == "stopped"
     kinds = [store.get_value(f"rescale/{g}") for g in ("g1", "g2")]
     assert kinds[1] is not None and kinds[1]["kind"] == worker_module.WARM
+
+
+def test_a_warm_generation_change_records_its_pause_from_the_decision(world):
+    """The pause the planner prices: from the decision naming g2 to g2's first step (and the
+    gap from g1's last step), with the state from memory."""
+    store, job = world
+    name(store, "g1", 1)
+    rank = warm(job)
+    decided = []
+
+    def later():
+        wait_until(lambda: state_of(store, "g1") == "running", "g1 training", 10)
+        name(store, "g2", 1)
+        decided.append(store.get_value("generation_meta")["since"])
+        store.set_value(HANDOVER_KEY, {"generation": "g2", "since": time.time()})
+        wait_until(lambda: store.get_value("rescale/g2") is not None, "g2's pause recorded", 10)
+        name(store, "g3", 0, assignment=None)
+
+    driver = threading.Thread(target=later)
+    driver.start()
+    assert rank.serve() == 0
+    driver.join()
+    rec = store.get_value("rescale/g2")
+    assert (rec["kind"], rec["from_world"], rec["to_world"], rec["source_rank"]) == ("warm", 1, 1, 0)
+    assert rec["decided"] == decided[0] and rec["pause_s"] == round(rec["first_step"] - decided[0], 3)
+    assert 0 <= rec["pause_s"] < 10 and 0 <= rec["gap_s"] < 10
+
+
+def test_a_meeting_a_newer_generation_overtakes_is_given_up_for_that_one(world):
+    """g1 names two ranks and only slot 0 comes; g2 (one rank) is named meanwhile: slot 0
+    gives up g1's meeting, trains g2, and says nothing for g2 before it joins it."""
+    store, job = world
+    name(store, "g1", 2, assignment={"0": [["0", 1.0]], "1": []})
+    rank = warm(job)
+
+    def later():
+        time.sleep(0.5)  # slot 0 waits at g1's meeting
+        name(store, "g2", 1)
+        wait_until(lambda: state_of(store, "g2") == "running", "g2 training", 10)
+        name(store, "g3", 0, assignment=None)
+
+    driver = threading.Thread(target=later)
+    driver.start()
+    assert rank.serve() == 0
+    driver.join()
+    assert rank.generation == "g2" and state_of(store, "g2") == "stopped"
+
+
+def test_a_meeting_nobody_else_comes_to_times_out_after_the_warm_wait(world):
+    store, job = world
+    name(store, "g1", 2, assignment={"0": [["0", 1.0]], "1": []})
+    with pytest.raises(worker_module.RendezvousTimeout,
+                       match=r"^the 2 rank\(s\) of generation g1 did not all meet within 0.5 s$"):
+        warm(job, wait_s=0.5).serve()
+
+
+def test_a_warm_rank_never_named_exits_0_when_its_wait_runs_out(world):
+    _, job = world
+    assert warm(job, wait_s=0.2).serve() == 0
+
+
+def test_a_surviving_rank_waits_for_the_next_assignment_without_saying_ready(world):
+    """Between g1's stop and g2's assignment the surviving rank beats warm for g1; ready is
+    what a new rank says, and the old generation's stop waits on the added ranks' ready."""
+    store, job = world
+    name(store, "g1", 1)
+    rank = warm(job)
+    seen = {}
+
+    def later():
+        wait_until(lambda: state_of(store, "g1") == "running", "g1 training", 10)
+        name(store, "g2", 1, assignment=None)  # decided; its rebalance begins, the assignment comes later
+        store.set_value(HANDOVER_KEY, {"generation": "g2", "since": time.time()})
+        wait_until(lambda: state_of(store, "g1") == "warm", "g1 stopped for g2", 10)
+        time.sleep(0.3)
+        seen["g2 before"] = state_of(store, "g2")
+        assert store.put("default", "g2", 1, {"assignment": ONE_SLICE})
+        wait_until(lambda: state_of(store, "g2") == "running", "g2 training", 10)
+        name(store, "g3", 0, assignment=None)
+
+    driver = threading.Thread(target=later)
+    driver.start()
+    assert rank.serve() == 0
+    driver.join()
+    assert seen == {"g2 before": None} and rank.generation == "g2"

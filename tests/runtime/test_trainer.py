@@ -35,6 +35,28 @@ def test_a_trainer_that_cannot_be_loaded_is_refused_naming_why(spec, message):
         load_trainer(spec)
 
 
+class Shaped:
+    """Has a shape but no dtype: not a tensor."""
+
+    shape = (2,)
+
+
+def test_a_foreign_file_is_named_by_its_first_six_keys_or_its_type():
+    mine = {"model": {"w": torch.zeros(2, 3)}}
+    theirs = {k: 0 for k in "gfedcba"}
+    assert state_problem(mine, theirs) == "not a kale-airflow checkpoint (needs model, steps; found " \
+                                          "['a', 'b', 'c', 'd', 'e', 'f'])"
+    assert state_problem(mine, [1, 2]) == "not a kale-airflow checkpoint (needs model, steps; found list)"
+
+
+def test_every_module_of_tensors_is_compared_and_only_those():
+    other = "a checkpoint of another model (its parameter names or shapes differ)"
+    mine = {"meta": {"a": Shaped()}, "optim": {}, "model": {"w": torch.zeros(2, 3)}}  # the module last
+    assert state_problem(mine, {"meta": {"b": 1}, "optim": {}, "model": {"w": torch.ones(3)}, "steps": 1}) == other
+    assert state_problem(mine, {"meta": {"b": 1}, "optim": {}, "model": {"w": torch.ones(2, 3)}, "steps": 1}) is None
+    assert state_problem(mine, {"meta": {}, "optim": {}, "model": {"w": 5}, "steps": 1}) == other  # not a tensor
+
+
 def test_a_checkpoint_must_hold_the_trainers_keys_with_the_same_shapes():
     mine = {"model": {"w": torch.zeros(2, 3)}, "optim": {"state": {}, "param_groups": []}}
     assert state_problem(mine, {"model": {"w": torch.ones(2, 3)}, "optim": {}, "steps": 1}) is None
