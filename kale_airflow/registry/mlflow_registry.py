@@ -391,7 +391,7 @@ def _restore_tags(client, name: str, version: str, before: dict[str, str], writt
             else:
                 client.delete_model_version_tag(name, version, key)
         except Exception as exc:  # noqa: BLE001 - best effort: the error that stopped the promotion is raised
-            log.warning("could not restore tag %s of %s v%s: %s", key, name, version, masked(exc))
+            log.warning("could not restore tag %s of %s v%s: %s", key, name, version, masked(exc))  # pragma: no mutate
 
 
 def model_version(client, name: str, version: str):

@@ -361,3 +361,14 @@ def test_load_champion_without_a_champion_is_a_lookup_error(store):
 
 def test_one_cached_client_per_uri(store):
     assert reg.registry_client(store) is reg.registry_client(store)
+
+
+@pytest.mark.parametrize("name, job", [
+    ("kale-traffic-forecaster", "default"), ("kale-throughput-model", "default"),
+    ("kale-traffic-forecaster-ads", "ads"), ("kale-throughput-model-ads-eu", "ads-eu"),
+    ("kale-traffic-forecasterx", None), ("kale-throughput", None), ("someone-elses-model", None),
+])
+def test_a_registered_models_job_is_the_suffix_after_its_kale_name(name, job):
+    from kale_airflow.registry.mlflow_registry import job_of_model
+
+    assert job_of_model(name) == job

@@ -180,6 +180,24 @@ def test_a_champion_moved_by_hand_is_recorded_as_approved_manually(client):
     assert _tags(client, name, "2")[APPROVED_AT] == T0_ISO
 
 
+def test_a_champion_moved_back_by_hand_loses_its_superseded_tags(client):
+    name = _model(client, versions=2, champion="1")
+    reg.review(client, name, "2", 0.5, 1.0, "mase", True, {}, now=T0)  # v2 promoted, v1 superseded
+    client.set_registered_model_alias(name, CHAMPION, "1")  # a reviewer moves it back
+    assert reg.record_manual_approval(client, name, "1", "2", now=T0 + 60) is True
+    assert SUPERSEDED_BY not in _tags(client, name, "1") and SUPERSEDED_AT not in _tags(client, name, "1")
+    assert _tags(client, name, "2")[SUPERSEDED_BY] == "1"
+
+
+def test_a_manual_champion_without_a_known_predecessor_supersedes_nothing(client):
+    name = _model(client, versions=2, champion="2", review=None)  # moved in the UI before Kale saw any
+    assert reg.record_manual_approval(client, name, "2", None, now=T0) is True
+    assert reg.record_manual_approval(client, name, "2", "2", now=T0) is False  # recorded already
+    assert _tags(client, name, "1") == {} and SUPERSEDED_BY not in _tags(client, name, "2")
+    alone = _model(client, versions=1, champion=None)
+    assert reg.record_manual_approval(client, alone, "1", None, now=T0) is False  # no champion at all
+
+
 def test_an_approved_champion_or_one_no_longer_champion_is_left_alone(client):
     name = _model(client, versions=2, champion="1")
     assert reg.record_manual_approval(client, name, "1", None, now=T0) is False  # auto-promoted: approved

@@ -10,12 +10,14 @@ import time
 
 import pytest
 import torch
+from sqlalchemy.exc import OperationalError
 
 from kale_airflow.core.slices import Slice
 from kale_airflow.metrics.embedded import EmbeddedMetrics
 from kale_airflow.runtime import worker as worker_module
 from kale_airflow.runtime.control_plane import ControlPlane
 from kale_airflow.runtime.elastic import HANDOVER_KEY, RESTART, WARM
+from kale_airflow.runtime.model import CTRTrainer
 from kale_airflow.runtime.samples import generate, pack
 from kale_airflow.runtime.worker import CheckpointError, Worker
 from kale_airflow.store import StateStore
@@ -188,9 +190,9 @@ def test_a_partition_the_broker_gives_no_offsets_for_holds_position_0_only(tmp_p
     s = NoMarksFor1(tmp_path / "s.db", partitions=2)
     s.append(1, pack(generate(10, 1)))
     Worker(s, "g", [Slice(0), Slice(1)], tmp_path / "ck")  # nothing trained yet: nothing to skip
-    s.commit("g/p1:0.000000-1.000000", {1: 5})
+    s.commit("g/p1:0.000000-1.000000", {1: 1})
     with pytest.raises(StreamPositionError,
-                       match=r"partition 1 \(slice p1:0.000000-1.000000\): position 5; stream commit 5 is beyond "
+                       match=r"partition 1 \(slice p1:0.000000-1.000000\): position 1; stream commit 1 is beyond "
                              r"the log end 0 \(log start 0, end 0\)\."):
         Worker(s, "g", [Slice(0), Slice(1)], tmp_path / "ck2", allow_fresh_model=True)
 
@@ -321,8 +323,8 @@ def link(tmp_path):
 def test_a_newer_generation_is_looked_for_every_poll_s_only(stream, tmp_path, link):
     store, _, control = link
 
-    def newer(_t):  # after the first step: g2 named and its rebalance begun
-        store.set_current_generation("g2", 1)
+    def newer(_t):  # after the first step: g2 (two workers) named and its rebalance begun
+        store.set_current_generation("g2", 2)
         store.set_value(HANDOVER_KEY, {"generation": "g2", "since": time.time()})
 
     w = Worker(stream, "g", [Slice(0)], tmp_path / "ck", generation="g1", batch_size=100, control=control)
@@ -332,12 +334,129 @@ def test_a_newer_generation_is_looked_for_every_poll_s_only(stream, tmp_path, li
     v = Worker(stream, "g", [Slice(0)], tmp_path / "ck", generation="g1", batch_size=100, control=control)
     fast = v.run(max_steps=4, poll_s=0, on_first_step=newer, close_link=False)
     assert (fast["reason"], fast["trained"]) == ("stopped", 100)  # stopped at the step after the first
+    # (without --await-added the added slot is not waited for)
 
 
 def test_a_run_reports_throughput_every_report_every_s(stream, tmp_path, link):
-    _, metrics, control = link
+    store, metrics, control = link
     w = Worker(stream, "g", [Slice(0)], tmp_path / "ck", generation="g1", batch_size=100, control=control)
-    w.run(max_steps=4, report_every_s=3600, close_link=False)
+    seen = []
+    w.run(max_steps=4, report_every_s=3600, close_link=False,
+          on_first_step=lambda _t: seen.append(store.workers_seen("g1")[0]["state"]))
+    assert seen == ["running"]  # said at the start, not only at a report
     assert metrics.throughput_observations().empty
     w.run(max_steps=4, report_every_s=0, close_link=False)
     assert len(metrics.throughput_observations()) >= 1
+
+
+# ------------------------------------------------------------------ the replica a worker builds
+class Recorded(CTRTrainer):
+    """The CTR trainer, recording how the runtime built it."""
+
+    def build(self, device, amp=False):
+        self.built = (device, amp)
+        return super().build(device, amp)
+
+
+def test_a_worker_builds_its_trainer_seeded_with_the_learning_rate_and_amp_asked(stream, tmp_path):
+    a = Worker(stream, "g", [Slice(0)], tmp_path / "a", seed=5, lr=0.5)
+    b = Worker(stream, "g", [Slice(0)], tmp_path / "b", seed=5)
+    c = Worker(stream, "g", [Slice(0)], tmp_path / "c")
+    assert same(params(a), params(b)) and not same(params(a), params(c))  # the seed, not the first model
+    assert a.optim.param_groups[0]["lr"] == 0.5 and b.optim.param_groups[0]["lr"] == 0.01
+    own = Recorded()
+    w = Worker(stream, "g", [Slice(0)], tmp_path / "d", trainer=own, amp=True, device="cpu")
+    assert w.trainer is own and own.built == (CPU, True)  # asked for; the trainer decides (CPU: float32)
+    assert w.amp is False
+
+
+def test_a_checkpoint_that_cannot_be_opened_fails_with_the_reason(stream, tmp_path, monkeypatch):
+    w = Worker(stream, "g", [Slice(0)], tmp_path / "ck", batch_size=100)
+    w.step()
+
+    def full(*_args, **_kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(worker_module, "open", full, raising=False)
+    with pytest.raises(OSError, match="No space left on device"):
+        w.checkpoint()
+    assert not (tmp_path / "ck" / "model.pt").exists() and stream.committed(GROUP, 0) == 0
+
+
+def test_a_run_closes_its_link_unless_told_not_to(stream, tmp_path):
+    store = StateStore(tmp_path / "kale.db")
+    store.set_current_generation("g1", 1)
+    control = ControlPlane.of(store)
+    Worker(stream, "g", [Slice(0)], tmp_path / "ck", generation="g1", batch_size=100, control=control).run(
+        max_steps=2)
+    control.heartbeat("g1", 0, "late")  # a closed link writes nothing more
+    time.sleep(0.3)
+    assert control.pending() == 1 and store.workers_seen("g1")[0]["state"] == "stopped"
+
+
+class Flaky(StateStore):
+    """A control-plane database whose first read of the current generation fails (a restart)."""
+
+    fails = 1
+
+    def current_generation(self):
+        if self.fails:
+            self.fails -= 1
+            raise OperationalError("SELECT", {}, Exception("server closed the connection unexpectedly"))
+        return super().current_generation()
+
+
+def test_a_generation_superseded_before_it_started_trains_nothing_even_through_an_outage(stream, tmp_path):
+    store = Flaky(tmp_path / "kale.db")
+    store.set_current_generation("g2", 1)  # g1's rank started late: g2 is current
+    control = ControlPlane.of(store, background=False, retry_max_s=0.01)
+    w = Worker(stream, "g", [Slice(0)], tmp_path / "ck", generation="g1", batch_size=100, control=control)
+    summary = w.run(max_steps=3)
+    assert (summary["reason"], summary["trained"], store.fails) == ("stopped", 0, 0)
+
+
+class Clock:
+    """The worker's clock, faked: every perf_counter reading is 0.25 s after the last one, and
+    sleeps are recorded, not slept."""
+
+    def __init__(self):
+        self.t, self.slept = 100.0, []
+
+    def perf_counter(self):
+        self.t += 0.25
+        return self.t
+
+    def sleep(self, seconds):
+        self.slept.append(seconds)
+
+    monotonic = staticmethod(time.monotonic)
+    time = staticmethod(time.time)
+
+
+def test_an_emulated_step_sleeps_what_its_share_of_the_step_time_leaves(stream, tmp_path, monkeypatch):
+    w = Worker(stream, "g", [Slice(0)], tmp_path / "ck", batch_size=200, step_time_s=2.0)
+    clock = Clock()
+    monkeypatch.setattr(worker_module, "time", clock)
+    w.step()  # a full batch: 2 s, of which 0.25 s went by
+    w.batch_size = 1600
+    w.step()  # the other 800 of 1,000: half a batch, half of 2 s
+    assert clock.slept == [1.75, 0.75]
+
+
+class PeerOutOfLog(Rank0Of2):
+    """Rank 0 of two whose peer, asked to gather, reports a position outside the log."""
+
+    peer_says: list = []
+
+    def _gather(self, obj):
+        return [obj, self.peer_says] if isinstance(obj, list) else super()._gather(obj)
+
+
+def test_a_dry_rank_checks_its_own_positions_without_a_collective(stream, tmp_path):
+    """Only the ranks that ran dry check: a gather there would wait for ranks that are not
+    checking (and report their findings as this rank's)."""
+    w = PeerOutOfLog(stream, "g", [Slice(0)], tmp_path / "ck", batch_size=1000)
+    w.step()  # reads everything
+    w.peer_says = ["partition 9 (slice p9:0.000000-1.000000): position 5 is beyond the log end 0"]
+    w._checked_at = -math.inf
+    assert w.step() == (0, 0, False)  # dry: its own positions are in the log
