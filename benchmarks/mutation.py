@@ -10,10 +10,11 @@ It prints per module the mutants killed and surviving and writes
 ``benchmarks/results/mutation.json``:
 ``{"score": S, "modules": {"<path>": {"killed": K, "survived": V, "score": S, "commit": C, ...}},
 "survivors": {"<path>": [{"mutant", "change", "explained"}]}}``; each module records the commit
-it ran at, and ``--modules`` brings a few up to date while the others
-keep theirs. ``--recheck`` runs only a module's survivors again, against the tests as they are
-now, when its source has not changed since its run: after writing tests for what survived, a
-minute instead of a whole run (the commit it records is the recheck's, its tests' commit).
+it ran at, and ``--modules`` brings a few up to date while the others keep theirs.
+``--recheck`` runs only a module's unexplained survivors again, against the tests as they
+are now, when its source has not changed since its run: after writing tests for what
+survived, minutes instead of a whole run (the commit it records is the recheck's, its
+tests' commit).
 
 A survivor is *explained* when ``benchmarks/mutation_equivalent.toml`` names its change
 (function and mutated line, so the explanation survives a renumbering of the mutants) with
@@ -233,8 +234,8 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true",
                     help="reuse each module's mutants/ (mutmut's cache) instead of starting afresh")
     ap.add_argument("--recheck", action="store_true",
-                    help="run only the last run's surviving mutants again, against the tests as they are now "
-                         "(after adding tests for them); refused for a module whose source changed since")
+                    help="run only the last run's unexplained surviving mutants again, against the tests as they "
+                         "are now (after adding tests for them); refused for a module whose source changed since")
     ap.add_argument("--modules", nargs="+", metavar="PATH", default=[],
                     help="mutate only these modules of [tool.kale.mutation.tests] (e.g. kale_airflow/core/planning.py) "
                          "and merge their figures into the result file; the other modules keep theirs")
@@ -272,7 +273,8 @@ def main() -> int:
                 if not unchanged_since(last.get("commit"), module) or not (workdir(module) / "mutants").exists():
                     raise SystemExit(f"{module} changed since its last run (or has none): --recheck reruns the "
                                      "survivors of that run only; run the module afresh")
-                names = [r["mutant"] for r in previous.get("survivors", {}).get(module, [])]
+                names = [r["mutant"] for r in previous.get("survivors", {}).get(module, [])
+                         if not equivalent.get(r["change"])]  # the explained ones are equivalent
                 if not names:
                     continue
             # mutmut copies the code now

@@ -302,10 +302,11 @@ def test_a_warm_rank_never_named_exits_0_when_its_wait_runs_out(world):
     assert warm(job, wait_s=0.2).serve() == 0
 
 
-def test_a_surviving_rank_waits_for_the_next_assignment_without_saying_ready(world):
+def test_a_surviving_rank_waits_for_the_next_assignment_without_saying_ready(world, monkeypatch):
     """Between g1's stop and g2's assignment the surviving rank beats warm for g1; ready is
     what a new rank says, and the old generation's stop waits on the added ranks' ready."""
     store, job = world
+    monkeypatch.setattr(worker_module, "WARM_BEAT_S", 0.05)
     name(store, "g1", 1)
     rank = warm(job)
     seen = {}
@@ -315,8 +316,10 @@ def test_a_surviving_rank_waits_for_the_next_assignment_without_saying_ready(wor
         name(store, "g2", 1, assignment=None)  # decided; its rebalance begins, the assignment comes later
         store.set_value(HANDOVER_KEY, {"generation": "g2", "since": time.time()})
         wait_until(lambda: state_of(store, "g1") == "warm", "g1 stopped for g2", 10)
+        first = store.workers_seen("g1")[0]["heartbeat"]
         time.sleep(0.3)
         seen["g2 before"] = state_of(store, "g2")
+        seen["g1 beats on"] = store.workers_seen("g1")[0]["heartbeat"] > first
         assert store.put("default", "g2", 1, {"assignment": ONE_SLICE})
         wait_until(lambda: state_of(store, "g2") == "running", "g2 training", 10)
         name(store, "g3", 0, assignment=None)
@@ -325,4 +328,54 @@ def test_a_surviving_rank_waits_for_the_next_assignment_without_saying_ready(wor
     driver.start()
     assert rank.serve() == 0
     driver.join()
-    assert seen == {"g2 before": None} and rank.generation == "g2"
+    assert seen == {"g2 before": None, "g1 beats on": True} and rank.generation == "g2"
+
+
+def test_a_waiting_rank_says_ready_once_and_beats_warm_every_warm_beat_only(world, monkeypatch):
+    """Heartbeats are database writes: one ready per generation, one warm per WARM_BEAT_S (a
+    wait polls every 50 ms), and none for a generation that is not there."""
+    store, job = world
+    monkeypatch.setattr(worker_module, "WARM_BEAT_S", 0.2)
+    name(store, "g1", 1, assignment=None)  # named, never assigned
+    rank = warm(job, wait_s=0.6)
+    beats = []
+    real = rank.link.heartbeat
+
+    def counted(generation, slot, state, **kwargs):
+        beats.append((generation, state))
+        return real(generation, slot, state, **kwargs)
+
+    monkeypatch.setattr(rank.link, "heartbeat", counted)
+    assert rank.await_target(after=None) is None  # a new rank: the wait runs out
+    assert beats == [("g1", "ready")]
+    beats.clear()
+    assert rank.await_target(after="g0") is None  # a rank that trained g0
+    warm_beats = [b for b in beats if b == ("g0", "warm")]
+    assert 2 <= len(warm_beats) <= 4 and beats[-1] == ("g0", "stopped")
+
+
+def test_a_second_process_for_a_slot_leaves_at_once(world):
+    """Slot 0 of g1 is already another process's: this one leaves, it does not wait warm
+    (it would train the slot a second time in the next generation)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    store, job = world
+    name(store, "g1", 1)
+    rank = warm(job, wait_s=5)
+    rdzv = rank.rdzv
+    rdzv._base = dist.TCPStore(rdzv.host, rdzv.port, None, True, datetime.timedelta(seconds=10),
+                               wait_for_workers=False)
+    dist.PrefixStore("kale/g1/", rdzv._base).compare_set("slot/0", "", "another-process")
+    t0 = time.monotonic()
+    assert rank.serve() == 0
+    assert time.monotonic() - t0 < 4 and rank.generation is None
+
+
+def test_a_ranks_model_trains_at_the_reference_learning_rate(world):
+    from kale_airflow.runtime.model import CTRTrainer
+
+    _, job = world
+    rank = job("--assignment", '{"0": [["0", 1.0]]}')
+    assert rank.replica.optimizer.param_groups[0]["lr"] == CTRTrainer().lr

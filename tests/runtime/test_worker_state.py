@@ -8,6 +8,7 @@ import math
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 from sqlalchemy.exc import OperationalError
@@ -460,3 +461,95 @@ def test_a_dry_rank_checks_its_own_positions_without_a_collective(stream, tmp_pa
     w.peer_says = ["partition 9 (slice p9:0.000000-1.000000): position 5 is beyond the log end 0"]
     w._checked_at = -math.inf
     assert w.step() == (0, 0, False)  # dry: its own positions are in the log
+
+
+class NumpyState(CTRTrainer):
+    """A trainer whose state holds a numpy array (not a tensor): its checkpoint must load too."""
+
+    counts = None
+
+    def state_dict(self):
+        return {**super().state_dict(), "counts": np.arange(3)}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.counts = state["counts"]
+
+
+def test_a_trainer_state_beyond_tensors_is_restored(stream, tmp_path):
+    w = Worker(stream, "g", [Slice(0)], tmp_path / "ck", batch_size=100, trainer=NumpyState())
+    w.step()
+    w.checkpoint()
+    r = Worker(stream, "g", [Slice(0)], tmp_path / "ck", trainer=NumpyState())
+    assert r.kind == RESTART and r.steps == 1
+    np.testing.assert_array_equal(r.trainer.counts, np.arange(3))
+
+
+class Raises:
+    """Unpickled, raises ``ValueError(message)``."""
+
+    def __init__(self, message):
+        self.message = message
+
+    def __reduce__(self):
+        return exec, (f"raise ValueError({self.message!r})",)
+
+
+@pytest.mark.parametrize("message, shown", [
+    ("x" * 300 + "\nsecond line", "x" * 200),  # the first line, cut at 200 characters
+    ("", ""),
+], ids=["long", "empty"])
+def test_an_unreadable_checkpoint_is_named_with_its_error(stream, tmp_path, message, shown):
+    (tmp_path / "ck").mkdir()
+    torch.save({"x": Raises(message)}, tmp_path / "ck" / "model.pt")
+    stream.commit(GROUP, {0: 100})
+    with pytest.raises(CheckpointError) as err:
+        Worker(stream, "g", [Slice(0)], tmp_path / "ck")
+    assert f"model.pt (unreadable: ValueError: {shown}); " in str(err.value)
+
+
+def test_the_checkpoint_a_restart_read_becomes_the_previous_one(stream, tmp_path):
+    w = Worker(stream, "g", [Slice(0)], tmp_path / "ck", batch_size=100)
+    w.step()
+    w.checkpoint()  # the first: no previous one
+    r = Worker(stream, "g", [Slice(0)], tmp_path / "ck", batch_size=100)  # read back model.pt (step 1)
+    r.step()
+    r.checkpoint()
+    steps = [torch.load(tmp_path / "ck" / n, weights_only=False)["steps"] for n in ("model.pt", "model.prev.pt")]
+    assert steps == [2, 1]
+
+
+class NoEmptyDecode(CTRTrainer):
+    """A decoder that cannot take an empty list (np.stack of nothing raises)."""
+
+    def decode(self, payloads):
+        assert payloads, "decode called without payloads"
+        return super().decode(payloads)
+
+
+def test_a_step_without_payloads_never_asks_the_trainer_to_decode(tmp_path):
+    s = EmbeddedStream(tmp_path / "s.db", partitions=1)
+    w = Worker(s, "g", [Slice(0)], tmp_path / "ck", trainer=NoEmptyDecode())
+    assert w.step() == (0, 0, False) and w.step(stop=True) == (0, 0, True)
+
+
+def test_what_a_rank_sends_from_memory_is_what_its_peer_takes(stream, tmp_path, monkeypatch):
+    """Rank 0 holds the newest state (its peer none): the state it broadcasts, given to a rank
+    that receives it, restores the same model at the same step."""
+    mine = Worker(stream, "g", [Slice(0)], tmp_path / "ck", generation="g1", batch_size=100)
+    mine.run(max_steps=3)
+    sent = []
+
+    def broadcast_state(obj, src, rank, device=None):
+        sent.append(obj)
+        return obj
+
+    monkeypatch.setattr(worker_module, "broadcast_state", broadcast_state)
+    Rank0Of2.peer = (False, 0)
+    Rank0Of2(stream, "g", [Slice(0)], tmp_path / "ck", generation="g2", replica=mine.replica)
+    (state,) = sent
+    peer = Worker(stream, "fresh", [Slice(0)], tmp_path / "peer", seed=9)  # a new process elsewhere
+    two_ranks(monkeypatch, state)
+    Rank0Of2.peer = (True, 3)
+    taken = Rank0Of2(stream, "g", [Slice(0)], tmp_path / "peer", generation="g2", replica=peer.replica)
+    assert taken.source == 1 and taken.steps == 3 and same(params(taken), params(mine))
