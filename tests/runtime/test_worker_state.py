@@ -137,7 +137,7 @@ def test_a_rank_takes_the_state_of_the_peer_at_the_later_step(stream, tmp_path, 
     mine.run(max_steps=3)
     kept = params(mine)  # the replica's model, which the next generation loads into
     sent = two_ranks(monkeypatch, peer_state)
-    Rank0Of2.peer = (True, 9)
+    monkeypatch.setattr(Rank0Of2, "peer", (True, 9))
     v = Rank0Of2(stream, "g", [Slice(0)], tmp_path / "ck", generation="g2", replica=mine.replica)
     assert sent == [1]
     assert (v.kind, v.source, v.restored_from) == (WARM, 1, "memory (rank 1)")
@@ -151,7 +151,7 @@ def test_a_restart_of_two_ranks_sends_rank_0s_checkpoint(stream, tmp_path, monke
     w.step()
     w.checkpoint()
     sent = two_ranks(monkeypatch, None)
-    Rank0Of2.peer = (False, 0)  # a new process: the checkpoint it is
+    monkeypatch.setattr(Rank0Of2, "peer", (False, 0))  # a new process: the checkpoint it is
     v = Rank0Of2(stream, "g", [Slice(0)], tmp_path / "ck", generation="g2")
     assert sent == [0] and v.kind == RESTART and v.steps == 1 and same(params(v), params(w))
 
@@ -545,11 +545,11 @@ def test_what_a_rank_sends_from_memory_is_what_its_peer_takes(stream, tmp_path, 
         return obj
 
     monkeypatch.setattr(worker_module, "broadcast_state", broadcast_state)
-    Rank0Of2.peer = (False, 0)
+    monkeypatch.setattr(Rank0Of2, "peer", (False, 0))
     Rank0Of2(stream, "g", [Slice(0)], tmp_path / "ck", generation="g2", replica=mine.replica)
     (state,) = sent
     peer = Worker(stream, "fresh", [Slice(0)], tmp_path / "peer", seed=9)  # a new process elsewhere
     two_ranks(monkeypatch, state)
-    Rank0Of2.peer = (True, 3)
+    monkeypatch.setattr(Rank0Of2, "peer", (True, 3))
     taken = Rank0Of2(stream, "g", [Slice(0)], tmp_path / "peer", generation="g2", replica=peer.replica)
     assert taken.source == 1 and taken.steps == 3 and same(params(taken), params(mine))
