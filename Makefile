@@ -27,7 +27,8 @@ simulate: $(STAMP)
 bench: $(STAMP)
 	for b in engine forecasting rebalance runtime autoscaler kafka; do $(BIN)/python benchmarks/$$b.py || exit 1; done
 
-# Mutation testing of the critical modules (about 20 minutes): benchmarks/results/mutation.json.
+# Mutation testing of the critical modules, one at a time (2 to 45 minutes each, about 3 hours in
+# all on 2 cores; benchmarks/mutation.py --modules for a few): benchmarks/results/mutation.json.
 mutation: $(STAMP)
 	$(BIN)/python benchmarks/mutation.py
 

@@ -227,7 +227,7 @@ def merged(previous: dict, modules: dict, survivors: dict, only: list[str]) -> t
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--budget-s", type=float, default=60 * 60,
+    ap.add_argument("--budget-s", type=float, default=4 * 60 * 60,
                     help="stop after this many seconds in all (modules not reached keep their last figures)")
     ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "mutation.json"))
     ap.add_argument("--report-only", action="store_true", help="tally the last runs without running mutmut")

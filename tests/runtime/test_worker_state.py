@@ -553,3 +553,12 @@ def test_what_a_rank_sends_from_memory_is_what_its_peer_takes(stream, tmp_path, 
     monkeypatch.setattr(Rank0Of2, "peer", (True, 3))
     taken = Rank0Of2(stream, "g", [Slice(0)], tmp_path / "peer", generation="g2", replica=peer.replica)
     assert taken.source == 1 and taken.steps == 3 and same(params(taken), params(mine))
+
+
+def test_a_trainer_named_module_attr_is_the_one_built(tmp_path):
+    from tests.runtime.trainers import JSONRegression, make_payloads
+
+    s = EmbeddedStream(tmp_path / "s.db", partitions=1)
+    s.append(0, make_payloads(50, seed=1))
+    w = Worker(s, "g", [Slice(0)], tmp_path / "ck", batch_size=50, trainer="tests.runtime.trainers:JSONRegression")
+    assert isinstance(w.trainer, JSONRegression) and w.step()[0] == 50
