@@ -55,6 +55,20 @@ def state_of(store: StateStore, generation: str, slot: int = 0) -> str | None:
     return (store.workers_seen(generation).get(slot) or {}).get("state")
 
 
+def serve_with(rank: Job, airflow) -> None:
+    """The rank serves its generations while ``airflow`` (run in a thread) names them; it exits 0."""
+    driver = threading.Thread(target=airflow)
+    driver.start()
+    assert rank.serve() == 0
+    driver.join()
+
+
+def then_stop(store: StateStore, generation: str) -> None:
+    """Once ``generation`` trains, name a generation of no workers: every rank leaves."""
+    wait_until(lambda: state_of(store, generation) == "running", f"{generation} training", 10)
+    name(store, "g-stop", 0, assignment=None)
+
+
 def test_a_new_rank_joins_the_named_generation_once_it_is_assigned_and_says_ready_before(world):
     store, job = world
     name(store, "g1", 1, assignment=None)  # decided, not yet rebalanced
@@ -259,10 +273,7 @@ def test_a_warm_generation_change_records_its_pause_from_the_decision(world):
         wait_until(lambda: store.get_value("rescale/g2") is not None, "g2's pause recorded", 10)
         name(store, "g3", 0, assignment=None)
 
-    driver = threading.Thread(target=later)
-    driver.start()
-    assert rank.serve() == 0
-    driver.join()
+    serve_with(rank, later)
     rec = store.get_value("rescale/g2")
     assert (rec["kind"], rec["from_world"], rec["to_world"], rec["source_rank"]) == ("warm", 1, 1, 0)
     assert rec["decided"] == decided[0] and rec["pause_s"] == round(rec["first_step"] - decided[0], 3)
@@ -279,13 +290,9 @@ def test_a_meeting_a_newer_generation_overtakes_is_given_up_for_that_one(world):
     def later():
         time.sleep(0.5)  # slot 0 waits at g1's meeting
         name(store, "g2", 1)
-        wait_until(lambda: state_of(store, "g2") == "running", "g2 training", 10)
-        name(store, "g3", 0, assignment=None)
+        then_stop(store, "g2")
 
-    driver = threading.Thread(target=later)
-    driver.start()
-    assert rank.serve() == 0
-    driver.join()
+    serve_with(rank, later)
     assert rank.generation == "g2" and state_of(store, "g2") == "stopped"
 
 
@@ -321,13 +328,9 @@ def test_a_surviving_rank_waits_for_the_next_assignment_without_saying_ready(wor
         seen["g2 before"] = state_of(store, "g2")
         seen["g1 beats on"] = store.workers_seen("g1")[0]["heartbeat"] > first
         assert store.put("default", "g2", 1, {"assignment": ONE_SLICE})
-        wait_until(lambda: state_of(store, "g2") == "running", "g2 training", 10)
-        name(store, "g3", 0, assignment=None)
+        then_stop(store, "g2")
 
-    driver = threading.Thread(target=later)
-    driver.start()
-    assert rank.serve() == 0
-    driver.join()
+    serve_with(rank, later)
     assert seen == {"g2 before": None, "g1 beats on": True} and rank.generation == "g2"
 
 
