@@ -96,8 +96,7 @@ def added_ready(world: int, current: dict | None, seen: dict[int, dict] | None, 
     the added slots when the generation is named: training goes on while they import."""
     workers = (current or {}).get("workers")
     if workers is None or waited_s >= limit_s:
-        return True
-    # (a generation no larger adds no slot: nothing below to wait for)
+        return True  # (no larger: it adds no slot to wait for)
     states = {w: (rec or {}).get("state") for w, rec in (seen or {}).items()}
     return all(states.get(s) in ("ready", "running") for s in range(world, int(workers)))
 
