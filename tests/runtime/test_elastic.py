@@ -239,3 +239,99 @@ def test_a_new_process_restores_the_checkpoint_and_says_it_restarted(stream, tmp
     assert w.restored_from == str(tmp_path / "ck" / "model.pt")
     fresh = Worker(stream, "g", [Slice(1)], tmp_path / "other", generation="g1", batch_size=100)
     assert fresh.kind is None and fresh.restored == {} and np.isnan(fresh.last_loss)
+
+
+def test_a_state_splits_tensors_only_and_names_their_dtype_without_the_module():
+    state = {"w": torch.zeros(2, dtype=torch.float16), "counts": np.arange(3), "n": 4}
+    skeleton, tensors = split_state(state)
+    assert skeleton["w"] == TensorRef(0, (2,), "float16") and len(tensors) == 1
+    assert skeleton["counts"] is state["counts"] and skeleton["n"] == 4  # numpy: no detach, not a tensor
+
+
+def test_a_replica_is_built_seeded_on_its_device_as_asked():
+    from kale_airflow.runtime.elastic import Replica
+    from kale_airflow.runtime.model import CTRTrainer
+
+    class Recorded(CTRTrainer):
+        def build(self, device, amp=False):
+            self.built = (device, amp)
+            return super().build(device, amp)
+
+    cpu = torch.device("cpu")
+    r = Replica.build(Recorded(), cpu, amp=True, seed=3)
+    again = Replica.build(CTRTrainer(), cpu, seed=3)
+    assert r.trainer.built == (cpu, True) and r.device == cpu and not r.has_state
+    assert all(torch.equal(a, b) for a, b in zip(r.module.parameters(), again.module.parameters(), strict=True))
+
+
+def test_store_keys_read_back_as_text():
+    from kale_airflow.runtime.elastic import _text
+
+    assert (_text(b"abc"), _text("abc"), _text(7)) == ("abc", "abc", "7")
+
+
+def test_leaving_without_a_process_group_is_a_no_op():
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+    Rendezvous.leave()
+    Rendezvous.leave()
+
+
+def test_two_slots_meet_in_one_store_and_a_late_slot_takes_the_verdict_already_settled(monkeypatch):
+    """Slot 1 connects to slot 0's store and both go; the control plane is asked at most every
+    CONTROL_POLL_S while they wait (not at every look at the store). At the next generation
+    slot 0 times out alone, and slot 1, arriving late, takes that verdict instead of its own."""
+    import threading
+    import time
+
+    from kale_airflow.runtime import elastic
+
+    monkeypatch.setattr(elastic, "POLL_S", 0.01)
+    port = free_port()
+    first, second = Rendezvous(f"127.0.0.1:{port}", 0), Rendezvous(f"127.0.0.1:{port}", 1)
+    asked, out = [], {}
+
+    def superseded():
+        asked.append(time.monotonic())
+        return False
+
+    t = threading.Thread(target=lambda: out.update(first=first.meet("g1", 2, time.monotonic() + 10, superseded)))
+    t.start()
+    time.sleep(0.5)  # slot 0 waits alone
+    assert second.meet("g1", 2, time.monotonic() + 10, lambda: False) == GO
+    t.join(5)
+    assert out == {"first": GO} and 3 <= len(asked) <= 10
+    other = Rendezvous(f"127.0.0.1:{port}", 1)  # a second process started for slot 1
+    with pytest.raises(DuplicateSlot, match=f"^slot 1 of generation g1 is held by member {second.member}$"):
+        other.meet("g1", 2, time.monotonic() + 1, lambda: False)
+    assert first.meet("g2", 2, time.monotonic() + 0.2, lambda: False) == TIMEOUT
+    assert second.meet("g2", 2, time.monotonic() + 10, lambda: False) == TIMEOUT
+
+
+def test_a_control_plane_rendezvous_publishes_slot_0s_address_for_the_others(tmp_path, monkeypatch):
+    """On Kubernetes slot 0 listens on every interface and publishes its pod IP and port under
+    the generation's key; slot 1 reads them there (it connects before its meeting's deadline)."""
+    import threading
+    import time
+
+    from kale_airflow.runtime.control_plane import ControlPlane
+    from kale_airflow.store import StateStore
+
+    monkeypatch.setenv("KALE_POD_IP", "127.0.0.1")
+    store = StateStore(tmp_path / "kale.db")
+    link = ControlPlane.of(store, background=False)
+    port = free_port()
+    first = Rendezvous(f"control-plane:{port}", 0, link)
+    second = Rendezvous(f"control-plane:{port}", 1, link)
+    out = {}
+    t = threading.Thread(target=lambda: out.update(first=first.meet("g1", 2, time.monotonic() + 10, lambda: False)))
+    t.start()
+    deadline = time.monotonic() + 10
+    while store.get_value("rendezvous/g1") is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    rec = store.get_value("rendezvous/g1")
+    assert (rec["host"], rec["port"], rec["member"]) == ("127.0.0.1", port, first.member)
+    assert second.meet("g1", 2, time.monotonic() + 10, lambda: False) == GO
+    t.join(5)
+    assert out == {"first": GO}
