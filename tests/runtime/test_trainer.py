@@ -87,3 +87,72 @@ def test_the_runtime_trains_another_trainers_payloads_with_the_same_audit(tmp_pa
     assert again.steps == w.steps and torch.equal(again.module.weight, w.module.weight)
     with pytest.raises(Exception, match="another model|not a kale-airflow checkpoint"):
         Worker(s, "j", [Slice(0)], tmp_path / "ck")  # the CTR model cannot take the regression's checkpoint
+
+
+class Outer:
+    """A trainer class nested in a namespace (``module:Outer.Inner``)."""
+
+    Inner = JSONRegression
+
+
+class Half:
+    """Has two of the protocol's six methods."""
+
+    def build(self, device, amp=False): ...
+
+    def decode(self, payloads): ...
+
+
+class CallableTrainer(JSONRegression):
+    """A trainer that is also callable: it is the trainer, not a factory."""
+
+    def __call__(self):
+        return "not a trainer"
+
+
+HALF, INSTANCE, CALLABLE = Half(), JSONRegression(), CallableTrainer()
+HERE = "tests.runtime.test_trainer"
+
+
+def test_a_trainer_is_found_through_dotted_attributes_and_an_instance_is_taken_as_it_is():
+    assert isinstance(load_trainer(f"{HERE}:Outer.Inner"), JSONRegression)
+    assert load_trainer(f"{HERE}:INSTANCE") is INSTANCE and load_trainer(f"{HERE}:CALLABLE") is CALLABLE
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("no_such_module_kale:X", "trainer 'no_such_module_kale:X': cannot import no_such_module_kale (No module named "
+                              "'no_such_module_kale'); install it in the worker's environment (the worker image on "
+                              "Kubernetes)"),
+    ("tests.runtime.trainers:make_payloads", "trainer 'tests.runtime.trainers:make_payloads' cannot be made without "
+                                             "arguments (make_payloads() missing 2 required positional arguments: "
+                                             "'n' and 'seed'); name a Trainer, or a class or function that makes one "
+                                             "without arguments"),
+    (f"{HERE}:HALF", f"trainer '{HERE}:HALF' is not a Trainer: it lacks padding, train_step, state_dict, "
+                     "load_state_dict (kale_airflow.runtime.trainer.Trainer)"),
+], ids=["module", "needs-arguments", "half"])
+def test_a_refused_trainer_is_told_exactly_what_to_do(spec, message):
+    with pytest.raises(TrainerError) as err:
+        load_trainer(spec)
+    assert str(err.value) == message
+
+
+def test_a_state_that_uses_the_runtimes_keys_is_told_which():
+    with pytest.raises(TrainerError) as err:
+        check_state_keys({"model": {}, "steps": 1, "slices": []})
+    assert str(err.value) == ("the trainer's state_dict uses slices, steps, which the runtime keeps in every checkpoint "
+                              f"itself ({', '.join(sorted(RUNTIME_KEYS))}): rename them")
+
+
+def test_a_torch_trainer_builds_on_the_device_asked_and_keeps_what_it_made():
+    class Recorded(JSONRegression):
+        def make(self, device, amp):
+            self.made_with = (device, amp)
+            return super().make(device, amp)
+
+    cpu = torch.device("cpu")
+    t = Recorded()
+    module, optimizer = t.build(cpu, True)
+    assert t.made_with == (cpu, True) and t.device == cpu and (t.module, t.optimizer) == (module, optimizer)
+    r = Recorded()
+    r.build(cpu)
+    assert r.made_with == (cpu, False)  # amp is not asked for by default
