@@ -141,7 +141,8 @@ class AliasRefused:
 def test_a_refused_alias_move_puts_the_tags_back(client):
     name = _model(client, versions=2, champion="1")
     client.set_model_version_tag(name, "2", REVIEW_TAG, "pending")
-    with pytest.raises(RegistryUnavailable, match=f"refused or failed the promotion of {name} v2 .*PERMISSION_DENIED"):
+    with pytest.raises(RegistryUnavailable,  # naming the MLflow that refused
+                       match=f"^MLflow at fake://registry refused or failed the promotion of {name} v2 .*PERMISSION"):
         reg.promote(AliasRefused(client), name, "2", "alice", now=T0)
     assert reg.current_version(client, name, CHAMPION) == "1"
     assert _tags(client, name, "2") == {REVIEW_TAG: "pending"} and SUPERSEDED_BY not in _tags(client, name, "1")
@@ -189,11 +190,13 @@ def test_a_champion_moved_back_by_hand_loses_its_superseded_tags(client):
     assert _tags(client, name, "2")[SUPERSEDED_BY] == "1"
 
 
-def test_a_manual_champion_without_a_known_predecessor_supersedes_nothing(client):
+def test_a_manual_champion_without_another_predecessor_supersedes_nothing(client):
     name = _model(client, versions=2, champion="2", review=None)  # moved in the UI before Kale saw any
     assert reg.record_manual_approval(client, name, "2", None, now=T0) is True
-    assert reg.record_manual_approval(client, name, "2", "2", now=T0) is False  # recorded already
     assert _tags(client, name, "1") == {} and SUPERSEDED_BY not in _tags(client, name, "2")
+    same = _model(client, versions=2, champion="2", review=None)  # the champion seen before is this one
+    assert reg.record_manual_approval(client, same, "2", "2", now=T0) is True
+    assert SUPERSEDED_BY not in _tags(client, same, "2") and _tags(client, same, "1") == {}
     alone = _model(client, versions=1, champion=None)
     assert reg.record_manual_approval(client, alone, "1", None, now=T0) is False  # no champion at all
 

@@ -242,7 +242,9 @@ def test_a_fleet_page_shows_every_job_and_each_job_needs_its_own_dag_permission(
     assert ads_page.status_code == 200 and "ads gets 2" in ads_page.text and "ranking keeps" not in ads_page.text
     assert "pinned to 3 until" in ads_page.text and "pinned" not in both.get("/?job=ranking").text
     assert both.get("/plot.png?job=ranking").content[:4] == b"\x89PNG" and both.get("/plot.png").status_code == 400
-    assert both.get("/?job=feed").status_code == 404
+    unknown = both.get("/?job=feed")
+    assert unknown.status_code == 404
+    assert unknown.json()["detail"] == "no job 'feed' in this deployment; its jobs: ranking, ads"
 
     only_ads = client("kale_autoscaler__ads")
     assert {p: only_ads.get(p).status_code for p in ("/?job=ads", "/?job=ranking", "/", "/api/state")} == {
