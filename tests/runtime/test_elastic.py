@@ -307,11 +307,16 @@ def test_two_slots_meet_in_one_store_and_a_late_slot_takes_the_verdict_already_s
         other.meet("g1", 2, time.monotonic() + 1, lambda: False)
     assert first.meet("g2", 2, time.monotonic() + 0.2, lambda: False) == TIMEOUT
     assert second.meet("g2", 2, time.monotonic() + 10, lambda: False) == TIMEOUT
+    # g3 of three slots is overtaken while slot 2 never comes: slot 1, late, takes that at once
+    assert first.meet("g3", 3, time.monotonic() + 10, lambda: True) == ABANDON
+    t0 = time.monotonic()
+    assert second.meet("g3", 3, time.monotonic() + 10, lambda: False) == ABANDON
+    assert time.monotonic() - t0 < 5  # not at its own deadline
 
 
 def test_a_control_plane_rendezvous_publishes_slot_0s_address_for_the_others(tmp_path, monkeypatch):
     """On Kubernetes slot 0 listens on every interface and publishes its pod IP and port under
-    the generation's key; slot 1 reads them there (it connects before its meeting's deadline)."""
+    the generation's key; slot 1 reads them there, waiting for them until its meeting's deadline."""
     import threading
     import time
 
@@ -325,13 +330,13 @@ def test_a_control_plane_rendezvous_publishes_slot_0s_address_for_the_others(tmp
     first = Rendezvous(f"control-plane:{port}", 0, link)
     second = Rendezvous(f"control-plane:{port}", 1, link)
     out = {}
-    t = threading.Thread(target=lambda: out.update(first=first.meet("g1", 2, time.monotonic() + 10, lambda: False)))
+    # slot 1 comes first: it waits for the address (up to its deadline), then connects
+    t = threading.Thread(target=lambda: out.update(second=second.meet("g1", 2, time.monotonic() + 10, lambda: False)))
     t.start()
-    deadline = time.monotonic() + 10
-    while store.get_value("rendezvous/g1") is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    time.sleep(0.5)
+    assert store.get_value("rendezvous/g1") is None and t.is_alive()
+    assert first.meet("g1", 2, time.monotonic() + 10, lambda: False) == GO
     rec = store.get_value("rendezvous/g1")
     assert (rec["host"], rec["port"], rec["member"]) == ("127.0.0.1", port, first.member)
-    assert second.meet("g1", 2, time.monotonic() + 10, lambda: False) == GO
-    t.join(5)
-    assert out == {"first": GO}
+    t.join(10)
+    assert out == {"second": GO}
