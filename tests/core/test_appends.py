@@ -55,6 +55,13 @@ def test_only_the_last_observations_are_kept():
     assert c.time_of(0, 15) is None and c.time_of(0, 25) == pytest.approx(2.55)
 
 
+def test_by_default_a_clock_remembers_the_last_thousand_observations():
+    c = AppendClock()
+    for i in range(1001):
+        c.observe(float(i), {0: 10 * i})
+    assert len(c) == 1000 and c.times[0] == 1.0
+
+
 def test_arrivals_in_a_window_interpolate_the_ends_at_its_edges():
     c = clock((0.0, {0: 0, 1: 10}), (10.0, {0: 100, 1: 10}), (20.0, {0: 300, 1: 30}))
     assert c.arrived(0.0, 20.0) == {0: 300, 1: 20}

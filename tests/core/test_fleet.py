@@ -532,3 +532,65 @@ def test_names_and_notes_come_from_config_and_default_to_empty():
     assert Override.from_dict({"cron": "0 8 * * *", "duration": "1h", "min_workers": 2}).name == ""
     assert Pin.from_dict({"workers": 2, "until": 60, "note": "incident 7"}).note == "incident 7"
     assert Pin.from_dict({"workers": 2, "until": 60}).note == ""
+
+
+def test_a_scale_up_waiting_names_every_job_releasing_gpus():
+    # a and c go down (each holds its old count through the pause); b waits for what they release.
+    a, b, c = demand("a", 2, current=5), demand("b", 9, current=3), demand("c", 1, current=4)
+    out = allocate([a, b, c], 12)
+    assert out["b"].message == ("b waits at 3 for the 6 GPUs its scale-up to 9 needs, being released by a, c "
+                                "(budget 12 GPUs: a 5, c 4)")
+
+
+def test_holders_with_as_many_gpus_are_listed_by_name():
+    # m and c hold 4 each (listed m first); b is held back at 2 of the 6 it asks for.
+    m, c = (JobDemand(name, 4, 4, cost=staying(4, 4).cost) for name in ("m", "c"))
+    out = allocate([m, c, JobDemand("b", 6, 2, cost=staying(6, 2).cost)], 10)
+    assert out["b"].holders == (("c", 4), ("m", 4))
+    assert out["b"].message.endswith("(budget 10 GPUs: c 4, m 4)")
+
+
+def test_a_job_held_back_alone_is_told_nobody_else_holds_gpus():
+    out = allocate([demand("a", 8, current=3)], 3)
+    assert out["a"].held_back and out["a"].message.endswith("(budget 3 GPUs: nobody)")
+
+
+def test_the_saving_is_the_cost_difference_whatever_the_cost_at_the_ask():
+    # As above, with 5 GPU-h added to every count of b: the saving of 5 more stays 40 GPU-h.
+    a = demand("a", 10, cost=(10 - COUNTS[:11]) * 288_000.0)
+    b = demand("b", 10, current=5, cost=(10 - COUNTS[:11]) * 28_800.0 + 18_000.0)
+    assert "the 5 more would save it 40.00 GPU-h" in allocate([a, b], 15)["b"].message
+
+
+def test_an_unknown_rule_lists_the_rules():
+    with pytest.raises(ValueError, match=r"unknown rule 'lottery'; choose from arbiter, fcfs$"):
+        allocate([demand("a", 1)], 4, rule="lottery")
+
+
+def test_a_budget_of_zero_is_enough_for_floors_of_zero():
+    check_floors({"a": 0, "b": 0}, 0)
+    assert allocate([JobDemand("a", 2, 0, min_workers=0)], 0)["a"].workers == 0
+
+
+@pytest.mark.parametrize("current, want", [(-1, 2), (2, -1)])
+def test_a_negative_count_is_refused_alone(current, want):
+    with pytest.raises(ValueError, match="counts must be >= 0"):
+        JobDemand("a", want, current)
+
+
+def test_a_scale_up_within_the_gpus_it_holds_takes_nothing_from_the_free_ones():
+    # a runs 2 but still holds 3 (a pause) and goes to 3: no new GPU. b's 2 more take the 2 free.
+    a, b = JobDemand("a", 3, 2, held=3), JobDemand("b", 3, 1)
+    assert admit([a, b], [3, 3], 6) == [3, 3]
+
+
+def test_a_job_below_its_floor_takes_what_is_free_and_leaves_what_it_holds():
+    # a holds 3 GPUs but runs none (a pause), floor 4, target 5: it takes the 1 free GPU at once
+    # (count 1, within what it holds); b's scale-up within what it holds is still admitted.
+    a = JobDemand("a", 5, 0, min_workers=4, held=3)
+    b = JobDemand("b", 2, 1, min_workers=0, held=2)
+    assert admit([a, b], [5, 2], 6) == [1, 2]
+    # c runs 1 below its floor 3 and takes both free GPUs towards its target of 4; d's move
+    # within its own GPUs still fits in the none left.
+    c, d = JobDemand("c", 4, 1, min_workers=3), JobDemand("d", 2, 1, min_workers=0, held=2)
+    assert admit([c, d], [4, 2], 5) == [3, 2]
