@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from mlflow.exceptions import RestException
 
 from kale_airflow.registry import approvals
 from kale_airflow.registry import mlflow_registry as reg
@@ -146,6 +147,62 @@ def test_a_refused_alias_move_puts_the_tags_back(client):
         reg.promote(AliasRefused(client), name, "2", "alice", now=T0)
     assert reg.current_version(client, name, CHAMPION) == "1"
     assert _tags(client, name, "2") == {REVIEW_TAG: "pending"} and SUPERSEDED_BY not in _tags(client, name, "1")
+
+
+class Refusing:
+    """A real client whose ``method`` fails with ``exc``, as MLflow's store or server does."""
+
+    def __init__(self, real, method: str, exc: BaseException):
+        self.real, self.method, self.exc, self._registry_uri = real, method, exc, "fake://registry"
+
+    def __getattr__(self, attr):
+        if attr == self.method:
+            def refuse(*args, **kwargs):
+                raise self.exc
+            return refuse
+        return getattr(self.real, attr)
+
+
+def test_a_version_that_is_not_a_number_is_unknown_and_lists_the_versions(client):
+    name = _model(client, versions=2, champion="1")
+    with pytest.raises(UnknownModelVersion, match=r"has no version 'latest' in MLflow at .*; its versions are 2, 1"):
+        reg.promote(client, name, "latest", "alice", now=T0)
+
+
+@pytest.mark.parametrize(("method", "version", "what"), [
+    ("get_model_version", "2", "the lookup of {name} v2"),
+    ("search_model_versions", "7", "the search for versions of {name}"),  # only for a version not found
+])
+@pytest.mark.parametrize("exc", [
+    RestException({"error_code": "INTERNAL_ERROR", "message": "database is locked"}),
+    OSError("network is unreachable"),
+], ids=["server error", "not mlflow"])
+def test_a_failed_version_lookup_names_the_registry_and_what_failed(client, method, version, what, exc):
+    name = _model(client, versions=2, champion="1")
+    with pytest.raises(RegistryUnavailable, match=f"^MLflow at fake://registry refused or failed "
+                                                  f"{what.format(name=name)} \\({type(exc).__name__}") as err:
+        reg.promote(Refusing(client, method, exc), name, version, "alice", now=T0)
+    assert err.value.__cause__ is exc
+    assert reg.current_version(client, name, CHAMPION) == "1"
+
+
+def test_superseded_tags_that_cannot_be_written_leave_the_promotion_and_warn_without_the_password(client, caplog):
+    name = _model(client, versions=2, champion="1")
+    exc = RestException({"error_code": "PERMISSION_DENIED",
+                         "message": "http://kale:s3cret-pw@mlflow:5000 refused a tag of v1"})
+
+    class TagsOfV1Refused(Refusing):
+        def set_model_version_tag(self, name, version, key, value):
+            if version == "1":
+                raise exc
+            return self.real.set_model_version_tag(name, version, key, value)
+
+    with caplog.at_level("WARNING", logger=reg.__name__):
+        out = reg.promote(TagsOfV1Refused(client, "none", exc), name, "2", "alice", now=T0)
+    assert out.version == "2" and reg.current_version(client, name, CHAMPION) == "2"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{name} v2 is champion, but the superseded tags (of v2 and v1) could not be updated: "
+        "PERMISSION_DENIED: http://kale:***@mlflow:5000 refused a tag of v1"]
 
 
 # ------------------------------------------------------------------------- auto promotion and review
