@@ -372,3 +372,36 @@ def test_a_registered_models_job_is_the_suffix_after_its_kale_name(name, job):
     from kale_airflow.registry.mlflow_registry import job_of_model
 
     assert job_of_model(name) == job
+
+
+FILE_STORE = ("is a folder, MLflow's file store, which MLflow 3 refuses (unless MLFLOW_ALLOW_FILE_STORE=true): use "
+              "sqlite:///PATH or an MLflow server's http(s):// URL in KALE_MLFLOW_URI. No model or alias was changed.")
+
+
+@pytest.mark.parametrize(("uri", "message"), [
+    ("", "the MLflow tracking URI is empty: set KALE_MLFLOW_URI (http(s)://HOST:PORT or sqlite:///PATH) or "
+         "KALE_MLFLOW_CONN_ID. No model or alias was changed."),
+    ("/srv/mlruns", f"the tracking URI /srv/mlruns {FILE_STORE}"),
+    ("file:///srv/mlruns", f"the tracking URI file:///srv/mlruns {FILE_STORE}"),
+    ("bogus://x", "MLflow cannot open the tracking URI bogus://x (Model registry functionality is unavailable; "),
+], ids=["empty", "folder", "file", "unknown scheme"])
+def test_a_tracking_uri_mlflow_would_refuse_is_refused_first_and_says_what_to_set(uri, message, monkeypatch):
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    with pytest.raises(reg.TrackingUriError) as err:
+        reg.check_tracking_uri(uri)
+    assert str(err.value).startswith(message)
+    if uri == "bogus://x":
+        assert str(err.value).endswith("); fix KALE_MLFLOW_URI. No model or alias was changed.")
+
+
+@pytest.mark.parametrize("uri", ["databricks", "databricks-uc", "uc", "sqlite:///srv/mlflow.db", "http://mlflow:5000",
+                                 "airflow-connection:kale_mlflow"])
+def test_named_stores_databases_and_servers_pass_the_tracking_uri_check(uri, monkeypatch):
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    reg.check_tracking_uri(uri)
+
+
+def test_the_file_store_passes_where_mlflow_is_told_to_allow_it(monkeypatch):
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    reg.check_tracking_uri("/srv/mlruns")
+    reg.check_tracking_uri("file:///srv/mlruns")

@@ -112,7 +112,8 @@ def test_promote_without_a_champion_and_of_the_champion_itself(client):
 
 
 @pytest.mark.parametrize(("model", "version", "message"), [
-    ("no-such-model", "1", r"has no registered model no-such-model: its first version comes from the retrain"),
+    ("no-such-model", "1", r"has no registered model no-such-model: its first version comes from the "
+                           r"retrain/refit DAG\. Nothing was changed\.$"),
     (None, "9", r"has no version '9' in MLflow at sqlite:///.*; its versions are 2, 1\. Nothing was changed\."),
 ], ids=["unknown-model", "unknown-version"])
 def test_an_unknown_model_or_version_changes_nothing(client, model, version, message):
@@ -205,6 +206,24 @@ def test_superseded_tags_that_cannot_be_written_leave_the_promotion_and_warn_wit
         "PERMISSION_DENIED: http://kale:***@mlflow:5000 refused a tag of v1"]
 
 
+def test_a_refused_automatic_promotion_puts_a_retried_tasks_tags_back(client):
+    name = _model(client, versions=2, champion="1")
+    client.set_model_version_tag(name, "2", REVIEW_TAG, "pending")  # an earlier try held it
+    with pytest.raises(RegistryUnavailable, match="refused or failed the promotion"):
+        reg.review(AliasRefused(client), name, "2", 0.5, 1.0, "mase", True, {}, now=T0)
+    assert reg.current_version(client, name, CHAMPION) == "1" and _tags(client, name, "2")[REVIEW_TAG] == "pending"
+
+
+def test_an_unknown_version_lists_the_newest_twenty_versions(client):
+    many, twenty = _model(client, versions=22, champion=None), _model(client, versions=20, champion=None)
+    with pytest.raises(UnknownModelVersion) as err:
+        reg.promote(client, many, "99", "alice", now=T0)
+    assert f"its versions are {', '.join(map(str, range(22, 2, -1)))} .... Nothing was changed." in str(err.value)
+    with pytest.raises(UnknownModelVersion) as err:
+        reg.promote(client, twenty, "99", "alice", now=T0)
+    assert f"its versions are {', '.join(map(str, range(20, 0, -1)))}. Nothing was changed." in str(err.value)
+
+
 # ------------------------------------------------------------------------- auto promotion and review
 def test_an_automatic_promotion_records_auto_promote_and_supersedes_the_champion(client):
     name = _model(client, versions=2, champion="1")
@@ -212,7 +231,7 @@ def test_an_automatic_promotion_records_auto_promote_and_supersedes_the_champion
     assert out.promoted and reg.current_version(client, name, CHAMPION) == "2"
     assert _tags(client, name, "2") | {"kale.challenger_wins": None} == {
         REVIEW_TAG: "promoted", APPROVED_BY: "auto_promote", APPROVED_AT: T0_ISO, "kale.challenger_wins": None}
-    assert _tags(client, name, "1")[SUPERSEDED_BY] == "2"
+    assert _tags(client, name, "1")[SUPERSEDED_BY] == "2" and _tags(client, name, "1")[SUPERSEDED_AT] == T0_ISO
 
 
 def test_the_description_shows_metrics_to_4_significant_digits(client):
