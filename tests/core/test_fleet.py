@@ -585,11 +585,11 @@ def test_a_scale_up_within_the_gpus_it_holds_takes_nothing_from_the_free_ones():
 
 
 def test_a_job_below_its_floor_takes_what_is_free_and_leaves_what_it_holds():
-    # a holds 3 GPUs but runs none (a pause), floor 4, target 5: it takes the 1 free GPU at once
-    # (count 1, within what it holds); b's scale-up within what it holds is still admitted.
+    # a holds 3 GPUs but runs none (a pause), floor 4, target 5: it starts 1 at once, within what
+    # it holds, and takes none of the free GPU, which b's scale-up by one then gets.
     a = JobDemand("a", 5, 0, min_workers=4, held=3)
-    b = JobDemand("b", 2, 1, min_workers=0, held=2)
-    assert admit([a, b], [5, 2], 6) == [1, 2]
+    b = JobDemand("b", 2, 1, min_workers=0)
+    assert admit([a, b], [5, 2], 5) == [1, 2]
     # c runs 1 below its floor 3 and takes both free GPUs towards its target of 4; d's move
     # within its own GPUs still fits in the none left.
     c, d = JobDemand("c", 4, 1, min_workers=3), JobDemand("d", 2, 1, min_workers=0, held=2)
