@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ from pathlib import Path
 from sqlalchemy import Connection, Engine, create_engine, event, exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from kale_airflow.core.errors import KaleError
 
@@ -120,6 +122,21 @@ def masked_values(doc):
     return doc
 
 
+def _locked(e: BaseException) -> bool:
+    return isinstance(e, sqlite3.OperationalError) and "locked" in str(e)
+
+
+def _to_wal(cur: sqlite3.Cursor) -> None:
+    """Switch the file to WAL, where readers never block the writer nor it them. The switch
+    needs the file to itself and SQLite answers "database is locked" at once, without the busy
+    timeout, when another connection is in it: so several processes opening one new file
+    together wait their turn here."""
+    for attempt in Retrying(retry=retry_if_exception(_locked), stop=stop_after_delay(BUSY_TIMEOUT_MS / 1000),
+                            wait=wait_exponential(multiplier=0.01, max=0.5), reraise=True):
+        with attempt:
+            cur.execute("PRAGMA journal_mode = WAL")
+
+
 class Database:
     """One engine over the control-plane database, with the dialect's upsert and a cross-process lock."""
 
@@ -156,7 +173,7 @@ class Database:
                 dbapi_conn.isolation_level = None
                 cur = dbapi_conn.cursor()
                 cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")  # wait for other writers, don't fail
-                cur.execute("PRAGMA journal_mode = WAL")  # readers never block the writer, nor it them
+                _to_wal(cur)
                 cur.close()
 
             @event.listens_for(engine, "begin")

@@ -5,6 +5,7 @@ and the errors name the database (never its password) and the way out."""
 from __future__ import annotations
 
 import multiprocessing
+import sqlite3
 import threading
 import time
 
@@ -106,6 +107,24 @@ def test_write_once_put_has_exactly_one_winner_across_threads(db_url):
         t.join()
     winners = [i for i, won in out if won]
     assert len(winners) == 1 and store.get("default", "g1")["by"] == winners[0]
+
+
+def test_a_connection_switching_a_file_to_wal_waits_for_a_writer_in_it(tmp_path):
+    """Bug class: SQLite answers "database is locked" at once, ignoring the busy timeout, to a
+    connection switching a file to WAL while another is about to write it (it would deadlock
+    waiting): components opening a new file together failed one start in a few dozen."""
+    from kale_airflow.store.database import Database
+
+    path = tmp_path / "kale.db"
+    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    writer.execute("CREATE TABLE t (x)")
+    writer.execute("BEGIN IMMEDIATE")  # another connection's write lock, as when it switches the file itself
+    threading.Timer(0.3, writer.rollback).start()
+    db = Database(f"sqlite:///{path}", prepare=False)
+    with db.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    db.dispose()
+    writer.close()
 
 
 @pytest.mark.slow
