@@ -127,10 +127,10 @@ def _locked(e: BaseException) -> bool:
 
 
 def _to_wal(cur: sqlite3.Cursor) -> None:
-    """Switch the file to WAL, where readers never block the writer nor it them. The switch
-    needs the file to itself and SQLite answers "database is locked" at once, without the busy
-    timeout, when another connection is in it: so several processes opening one new file
-    together wait their turn here."""
+    """Switch the file to WAL, where readers never block the writer nor it them. While another
+    connection holds or takes the file's write lock, SQLite answers "database is locked" to the
+    switch at once, without the busy timeout (waiting could deadlock), so components opening a
+    new file together take turns here, up to the busy timeout."""
     for attempt in Retrying(retry=retry_if_exception(_locked), stop=stop_after_delay(BUSY_TIMEOUT_MS / 1000),
                             wait=wait_exponential(multiplier=0.01, max=0.5), reraise=True):
         with attempt:
