@@ -357,8 +357,9 @@ def demo_run() -> str:
     d = _result("demo.json")
     return (f"In the run behind [demo.png](demo.png) (`benchmarks/results/demo.json`) the job went "
             f"{' -> '.join(map(str, d['workers_path']))}: {d['rescales']} rescales, "
-            f"{d['slo_violation_rate']:.1%} of the time over the {d['slo_s']} s freshness SLO (the lag peaked at "
-            f"{d['max_freshness_s']:.0f} s), a mean wait of {d['mean_wait_s']:.1f} s, and "
+            f"{d['slo_violation_rate']:.1%} of the freshness readings over the {d['slo_s']} s SLO (the lag peaked at "
+            f"{d['max_freshness_s']:.0f} s; no reading for {d['unobserved_s']:.0f} of {d['observed_s']:.0f} s), a mean "
+            f"wait of {d['mean_wait_s']:.1f} s, and "
             f"{d['worker_hours']:.2f} worker-hours, {d['worker_hours'] / d['fixed_worker_hours']:.2f}x the "
             f"{d['fixed_worker_hours']:.2f} of a fixed run at {d['fixed_workers']} workers.\n")
 

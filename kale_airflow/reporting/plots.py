@@ -411,7 +411,7 @@ def plot_demo(df, slo_s: float, path: str | Path) -> Path:
     ax[0].set_title("kale demo: embedded stream, local workers, Airflow autoscaler")
     ax[1].step(t, df["workers"], where="post", color="tab:green")
     ax[1].set_ylabel("workers")
-    ax[2].plot(t, df["freshness"].fillna(0), color="tab:red", label="freshness lag (s)")
+    ax[2].plot(t, df["freshness"], color="tab:red", label="freshness lag (s; gaps: no reading)")
     ax[2].axhline(slo_s, color="crimson", ls="--", lw=1, label=f"SLO {slo_s:g} s")
     ax[2].set_ylabel("seconds")
     ax[2].set_xlabel("minutes")
