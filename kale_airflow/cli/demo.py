@@ -335,14 +335,13 @@ def held_slices_lag(auto, now: float) -> tuple[float | None, float | None]:
 
 def freshness_figures(dt: pd.Series, freshness: pd.Series, slo_s: float) -> dict:
     """The summary's freshness figures from the watcher's samples (``dt``: the seconds each
-    sample stands for; ``freshness``: its lag, NaN without a reading, as while a generation is
-    decided but not yet rebalanced): the share of read samples over the SLO, the largest lag
-    read, and the seconds without a reading. A sample without a reading is unobserved, never a
-    lag of 0."""
-    read = freshness.notna()
-    return {"slo_violation_rate": float((freshness[read] > slo_s).mean()) if read.any() else None,
-            "max_freshness_s": float(freshness[read].max()) if read.any() else None,
-            "unobserved_s": float(dt[~read].sum())}
+    sample stands for; ``freshness``: its lag, NaN without a reading): the share of read
+    samples over the SLO, the largest lag read (None for both when nothing was read), and the
+    seconds without a reading. A sample without a reading is unobserved, never a lag of 0."""
+    read = freshness[freshness.notna()]
+    return {"slo_violation_rate": float((read > slo_s).mean()) if len(read) else None,
+            "max_freshness_s": float(read.max()) if len(read) else None,
+            "unobserved_s": float(dt[freshness.isna()].sum())}
 
 
 def fixed_workers(peak_rate: float, capacity: list[float] | None, max_workers: int) -> int:
