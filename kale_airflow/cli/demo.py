@@ -42,6 +42,13 @@ PEAK_RATE = 800.0
 # The workers commit at every checkpoint, and the backlog and freshness are measured from the
 # commits: at most 2 s apart, the measured lag is the real one within 2 s of the 60 s SLO.
 CHECKPOINT_EVERY_S = 2
+# The traffic bin (the forecaster's step; 45 minutes of trace time), and the forecaster's level
+# window: one bin, so that on a ramp the level is the last bin's rate, not a staler mean.
+BIN_S = 30
+# How long the job stays pinned at its fixed size once its traffic flows: the forecast needs
+# four complete bins of it (the first one may be partial); until then Kale would plan on the
+# fallback (the recent peak plus a margin).
+HANDOVER_S = 5 * BIN_S
 RUN_DAG = r"""
 import json, sys
 from airflow.dag_processing.dagbag import DagBag
@@ -107,6 +114,7 @@ class Demo:
                     "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.airflow_home}/airflow.db",
                     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "PYTHONWARNINGS": "ignore", "GIT_PYTHON_REFRESH": "quiet"}
         self.samples: list[dict] = []
+        self.fixed = max_workers  # the job's size before Kale takes over (``run`` sets it from the profile)
         self._stop = threading.Event()
 
     def say(self, text: str) -> None:
@@ -124,7 +132,7 @@ class Demo:
         per_worker = self.batch / self.step_time_s
         (self.kale_home / "kale.yaml").write_text(yaml.safe_dump({
             "min_workers": 1, "max_workers": self.max_workers, "partitions": 16, "poll_interval_s": 2,
-            "bin_s": 30, "slo_s": SLO_S, "rescale_downtime_s": DOWNTIME_FLOOR_S, "worker_batch_size": self.batch,
+            "bin_s": BIN_S, "slo_s": SLO_S, "rescale_downtime_s": DOWNTIME_FLOOR_S, "worker_batch_size": self.batch,
             "worker_step_time_s": self.step_time_s, "worker_checkpoint_every_s": CHECKPOINT_EVERY_S, **self.model,
             # Demo-sized windows: minutes of wall time stand for hours of trace time.
             "kale": {"horizon_s": 2 * LOOKAHEAD_S, "persist_s": 4, "wait_cost": 1.0},
@@ -217,25 +225,35 @@ class Demo:
         self.prepare()
         self.say("training and registering the traffic forecaster (kale_forecaster_retrain)")
         # Its clock runs 90x faster than the trace's, so the forecaster's level (the mean it falls
-        # back to before it has a day of bins) spans the demo's look-ahead, not a wall-clock hour.
-        retrain = {"forecaster": "seasonal", "forecaster_options": {"level_window_s": LOOKAHEAD_S},
+        # back to before it has a day of bins) spans one bin (``BIN_S``), not a wall-clock hour.
+        retrain = {"forecaster": "seasonal", "forecaster_options": {"level_window_s": BIN_S},
                    "history_days": 14, "auto_promote": True}
         self.say(f"  -> {self.dag('kale_forecaster_retrain', retrain)}")
         self.say("profiling the training job at world sizes 1, 2 and 3")
         self.profile()
         self.say("fitting and registering the throughput model from that (kale_throughput_refit)")
         self.say(f"  -> {self.dag('kale_throughput_refit', {'auto_promote': True})}")
+        from kale_airflow.control.fleet import pin
         from kale_airflow.store import StateStore
 
         store = StateStore(self.paths.database_url)
-        # As in production, where Kale takes over a job that already runs, the job is started
-        # (by Kale's first decision, on a stream with no traffic yet) before its traffic arrives.
-        self.say("starting the training job before its traffic arrives")
+        # As in production, Kale takes over a job that already runs at a fixed size: the
+        # fewest ranks the profile says carry the traffic's peak, pinned there (``kale pin``)
+        # until Kale's forecast has the first bins of the job's traffic. The summary compares
+        # Kale's worker-hours with that job left at its size.
+        self.fixed = fixed_workers(self.peak_rate, self.capacity(), self.max_workers)
+        note = "the fixed-size job before Kale takes over"
+        self.say(f"starting the training job at {self.fixed} worker(s), the fewest whose profiled throughput "
+                 f"carries the peak of {self.peak_rate:,.0f} samples/s, pinned there (kale pin)")
+        pin(store, self.fixed, time.time() + 3600, note=note)
         self.stream()
         self.autoscale(store)
         producer = threading.Thread(target=self.produce, daemon=True)
         watcher = threading.Thread(target=self.watch, daemon=True)
         producer.start()
+        pin(store, self.fixed, time.time() + HANDOVER_S, note=note)
+        self.say(f"the pin ends in {HANDOVER_S:g} s, once Kale's forecast has four complete {BIN_S} s bins of the "
+                 f"job's traffic: from then on Kale sizes the job")
         time.sleep(3)
         watcher.start()
         while not self._stop.is_set():
@@ -265,21 +283,22 @@ class Demo:
         df = pd.DataFrame(self.samples).dropna(subset=["rate"])
         dt = df["t"].diff().fillna(2.0).clip(upper=10)
         decisions = StateStore(self.paths.database_url).decisions(100_000)
-        changes = [d for d in decisions if d["target"] != d["workers"]]
+        path, rescales = workers_path(decisions)
         backlog = df["backlog"].fillna(0)
         summary = {
             "wall_s": wall,
-            "workers_path": [changes[0]["workers"], *(d["target"] for d in changes)] if changes else [],
+            "workers_path": path,
             "observed_s": float(dt.sum()),
             "samples_arrived": float((df["rate"] * dt).sum()),
             "accumulated_lag": float((backlog * dt).sum()),
             "mean_wait_s": float((backlog * dt).sum() / max(1.0, (df["rate"] * dt).sum())),
             "slo_s": SLO_S,
             **freshness_figures(dt, df["freshness"], SLO_S),
-            "rescales": len(changes),
+            "rescales": rescales,
             "worker_hours": float((df["workers"] * dt).sum() / 3600),
-            "fixed_workers": (fixed := fixed_workers(self.peak_rate, self.capacity(), self.max_workers)),
-            "fixed_worker_hours": fixed * float(dt.sum()) / 3600,
+            "fixed_workers": self.fixed,
+            "fixed_worker_hours": self.fixed * float(dt.sum()) / 3600,
+            "peak_workers": fixed_workers(self.peak_rate, self.capacity(), self.max_workers),
             "max_workers_used": int(df["workers"].max()),
             "decisions_recorded": len(decisions),
             "reasons": pd.Series([d["reason"] for d in decisions]).value_counts().to_dict(),
@@ -331,6 +350,15 @@ def held_slices_lag(auto, now: float) -> tuple[float | None, float | None]:
     except Exception as exc:  # noqa: BLE001 - the watcher records a gap, never stops the demo
         log.warning("demo watcher: no backlog reading (%s)", exc)
         return None, None
+
+
+def workers_path(decisions: list[dict]) -> tuple[list[int], int]:
+    """The counts the job ran at, in order (from the count before its first change), and
+    the rescales among those changes, from the recorded decisions (``workers`` running,
+    ``target`` decided). Starting the job (from 0 workers) is not a rescale."""
+    changes = [d for d in decisions if d["target"] != d["workers"]]
+    path = [changes[0]["workers"], *(d["target"] for d in changes)] if changes else []
+    return path, sum(1 for d in changes if d["workers"])
 
 
 def freshness_figures(dt: pd.Series, freshness: pd.Series, slo_s: float) -> dict:
@@ -451,7 +479,7 @@ def _share(rate: float | None) -> str:
 
 def run_demo(out: str, minutes: float, config: str | None = None) -> int:
     """Entry point of ``kale demo``."""
-    demo = Demo(Path(out), minutes, start="2014-07-21 17:00", step_wall_s=20.0, peak_rate=PEAK_RATE,
+    demo = Demo(Path(out), minutes, start="2014-07-21 21:00", step_wall_s=20.0, peak_rate=PEAK_RATE,
                 step_time_s=0.4, batch=128, max_workers=6, model=model_settings(config))
     summary = demo.run()
     sim = summary["simulator"]
@@ -462,8 +490,8 @@ def run_demo(out: str, minutes: float, config: str | None = None) -> int:
           f"reading ({summary['unobserved_s']:.0f} s without one)")
     print(f"rescales {summary['rescales']}, worker-hours {summary['worker_hours']:.3f} "
           f"({summary['worker_hours'] / max(summary['fixed_worker_hours'], 1e-9):.2f}x the "
-          f"{summary['fixed_worker_hours']:.3f} of a fixed run at {summary['fixed_workers']}, the count the peak "
-          f"needs), "
+          f"{summary['fixed_worker_hours']:.3f} of the job left at its first {summary['fixed_workers']}; by the "
+          f"final capacity table the peak needs {summary['peak_workers']}), "
           f"up to {summary['max_workers_used']} workers; decisions: {summary['reasons']}")
     print(f"simulator on the same {sim['trace_hours']:g} trace hours: Kale {sim['kale']['rescales']} rescales, "
           f"SLO violations {sim['kale']['slo_violation_rate']:.1%}; HPA {sim['hpa']['rescales']} rescales")

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kale_airflow.cli.demo import fixed_workers, freshness_figures, held_slices_lag
+from kale_airflow.cli.demo import fixed_workers, freshness_figures, held_slices_lag, workers_path
 
 # samples/s of 0..6 ranks on two cores: sublinear, as the demo's job measures itself
 CAPACITY = [0.0, 330.0, 610.0, 790.0, 980.0, 1100.0, 1150.0]
@@ -25,6 +25,14 @@ def test_a_fixed_run_has_the_fewest_ranks_whose_capacity_covers_the_peak(peak, e
 def test_the_fixed_run_stays_within_max_workers_and_without_a_capacity_is_the_largest():
     assert fixed_workers(1100.0, CAPACITY, 4) == 4
     assert fixed_workers(1100.0, None, 6) == 6
+
+
+def test_starting_the_job_is_not_a_rescale_and_holds_are_not_in_the_path():
+    """Bug class: the demo counted the job's first start (0 -> n workers) as a rescale."""
+    decisions = [{"workers": 0, "target": 3}, {"workers": 3, "target": 3}, {"workers": 3, "target": 2},
+                 {"workers": 2, "target": 2}, {"workers": 2, "target": 1}, {"workers": 1, "target": 2}]
+    assert workers_path(decisions) == ([0, 3, 2, 1, 2], 3)
+    assert workers_path([{"workers": 2, "target": 2}]) == ([], 0)
 
 
 def test_a_sample_without_a_freshness_reading_is_unobserved_not_a_lag_of_zero():
