@@ -25,7 +25,7 @@ simulate: $(STAMP)
 	$(BIN)/kale simulate --days 30 --json $(OUT)/simulate.json --plot $(OUT)/simulate.png
 
 bench: $(STAMP)
-	for b in engine forecasting rebalance runtime autoscaler kafka; do $(BIN)/python benchmarks/$$b.py || exit 1; done
+	for b in engine downtime forecasting rebalance runtime autoscaler kafka; do $(BIN)/python benchmarks/$$b.py || exit 1; done
 
 # Mutation testing of the critical modules, one at a time (2 to 45 minutes each, about 3 hours in
 # all on 2 cores; benchmarks/mutation.py --modules for a few): benchmarks/results/mutation.json.

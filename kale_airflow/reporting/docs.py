@@ -399,6 +399,27 @@ def engine_table(report: dict | None = None) -> str:
     return "\n".join(lines)
 
 
+def downtime_table(report: dict | None = None) -> str:
+    """The headline rows at each rescale downtime, side by side (``benchmarks/downtime.py``,
+    ``benchmarks/results/downtime.json``): how much of Kale's gain rides on cheap rescales."""
+    report = report or _result("downtime.json")
+    head = ("| trace (days) | rescale downtime | lag / best HPA | downtime / best HPA | Kale SLO viol. "
+            "| GPU-h / best Autopilot | GPU-h / offline opt. | rescales / day | targets met |")
+    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
+    for key in sorted(report["runs"], key=lambda k: (k.split("|")[0], float(k.split("|")[1]))):
+        doc, (trace, downtime) = report["runs"][key], key.split("|")
+        p, best, days = doc["policies"], doc["best"], doc["evaluation"]["days"]
+        k, h, a = p["kale"], p[best["hpa"]], p[best["autopilot"]]
+        lines.append(
+            f"| {NAMES.get(trace, trace)} ({days:.0f}) | {downtime} s "
+            f"| {k['accumulated_lag'] / h['accumulated_lag']:.3f} `{best['hpa']}` "
+            f"| {k['downtime_s'] / h['downtime_s']:.3f} | {k['slo_violation_rate'] * PT:.2f} % "
+            f"| {k['gpu_hours'] / a['gpu_hours']:.3f} `{best['autopilot']}` "
+            f"| {k['gpu_hours'] / doc['limits']['offline_optimal_gpu_hours']:.3f} | {k['rescales'] / days:.0f} "
+            f"| {sum(c['pass'] for c in doc['checks'])}/{len(doc['checks'])} |")
+    return "\n".join(lines) + "\n"
+
+
 def rules_table(report: dict | None = None) -> str:
     """Kale's planner against the rules it replaced (``kale-rules``), row by row, from
     ``benchmarks/results/engine.json``."""
@@ -480,6 +501,7 @@ GENERATED: list[tuple[str, str, Callable[[], str]]] = [
     ("charts/kale-airflow/README.md", "chart-values", chart_values_table),
     ("docs/testing.md", "mutation-table", mutation_table),
     ("docs/policy.md", "engine-tables", engine_tables),
+    ("docs/simulation.md", "downtime-table", downtime_table),
     ("README.md", "engine-summary", engine_summary),
     ("docs/fleet.md", "fleet-poke", fleet_poke),
     ("docs/runtime.md", "rescale-pauses", rescale_pauses),
