@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import subprocess
@@ -283,7 +284,7 @@ class Demo:
         df = pd.DataFrame(self.samples).dropna(subset=["rate"])
         dt = df["t"].diff().fillna(2.0).clip(upper=10)
         decisions = StateStore(self.paths.database_url).decisions(100_000)
-        path, rescales = workers_path(decisions)
+        path, rescales = workers_path(decisions, until=float(df["t"].max()))
         backlog = df["backlog"].fillna(0)
         summary = {
             "wall_s": wall,
@@ -352,11 +353,12 @@ def held_slices_lag(auto, now: float) -> tuple[float | None, float | None]:
         return None, None
 
 
-def workers_path(decisions: list[dict]) -> tuple[list[int], int]:
+def workers_path(decisions: list[dict], until: float = math.inf) -> tuple[list[int], int]:
     """The counts the job ran at, in order (from the count before its first change), and
-    the rescales among those changes, from the recorded decisions (``workers`` running,
-    ``target`` decided). Starting the job (from 0 workers) is not a rescale."""
-    changes = [d for d in decisions if d["target"] != d["workers"]]
+    the rescales among those changes, from the decisions recorded (``ts``) up to ``until``,
+    the end of the traffic the summary covers (``workers`` running, ``target`` decided).
+    Starting the job (from 0 workers) is not a rescale."""
+    changes = [d for d in decisions if d["target"] != d["workers"] and d["ts"] <= until]
     path = [changes[0]["workers"], *(d["target"] for d in changes)] if changes else []
     return path, sum(1 for d in changes if d["workers"])
 

@@ -31,8 +31,19 @@ def test_starting_the_job_is_not_a_rescale_and_holds_are_not_in_the_path():
     """Bug class: the demo counted the job's first start (0 -> n workers) as a rescale."""
     decisions = [{"workers": 0, "target": 3}, {"workers": 3, "target": 3}, {"workers": 3, "target": 2},
                  {"workers": 2, "target": 2}, {"workers": 2, "target": 1}, {"workers": 1, "target": 2}]
+    decisions = [d | {"ts": 100.0 + 10 * i} for i, d in enumerate(decisions)]
     assert workers_path(decisions) == ([0, 3, 2, 1, 2], 3)
-    assert workers_path([{"workers": 2, "target": 2}]) == ([], 0)
+    assert workers_path([{"workers": 2, "target": 2, "ts": 0.0}]) == ([], 0)
+
+
+def test_a_decision_after_the_traffic_ended_is_not_in_the_summary():
+    """Bug class: the last autoscaler run, still deciding after the producer stopped, saw an
+    idle stream and scaled down; the summary counted that rescale, outside the traffic whose
+    worker-hours it reports."""
+    decisions = [{"workers": 0, "target": 3, "ts": 100.0}, {"workers": 3, "target": 2, "ts": 200.0},
+                 {"workers": 2, "target": 1, "ts": 300.0}]
+    assert workers_path(decisions, until=250.0) == ([0, 3, 2], 1)
+    assert workers_path(decisions, until=300.0) == ([0, 3, 2, 1], 2)
 
 
 def test_a_sample_without_a_freshness_reading_is_unobserved_not_a_lag_of_zero():
