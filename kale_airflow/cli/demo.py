@@ -11,7 +11,6 @@ runs before Kale takes over), and the autoscaler scaling it up and down with reb
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import shutil
@@ -27,7 +26,6 @@ import yaml
 
 from kale_airflow.config import Settings
 
-log = logging.getLogger("kale.demo")
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 LOOKAHEAD_S = 60.0  # the demo's look-ahead: one minute of wall time, 90 minutes of trace time
 # Freshness SLO of the demo (wall seconds). A warm rescale pauses training for a second or two
@@ -213,11 +211,8 @@ class Demo:
         while not self._stop.is_set():
             now = time.time()
             obs = auto.observe(now, record=False)  # the DAG runs measure; this only watches
-            backlog, fresh = obs.backlog, obs.freshness_lag_s
-            if fresh is None:
-                backlog, fresh = held_slices_lag(auto, now)
-            self.samples.append({"t": now, "rate": obs.arrival_rate, "backlog": backlog, "freshness": fresh,
-                                 "workers": obs.workers})
+            self.samples.append({"t": now, "rate": obs.arrival_rate, "backlog": obs.backlog,
+                                 "freshness": obs.freshness_lag_s, "workers": obs.workers})
             time.sleep(2)
 
     # -------------------------------------------------------------------- run
@@ -336,21 +331,6 @@ class Demo:
         from kale_airflow.reporting.plots import plot_demo
 
         plot_demo(df, SLO_S, self.out / "demo.png")
-
-
-def held_slices_lag(auto, now: float) -> tuple[float | None, float | None]:
-    """(backlog, freshness lag) between a decision and its rebalance, when the new generation
-    has no slices to measure yet: those of the latest generation that has them (whose commits
-    are where the new one starts); (None, None) when there is none or the stream cannot be read."""
-    from kale_airflow.control.autoscaler import stream_backlog
-    from kale_airflow.control.generations import ASSIGNMENT
-
-    try:
-        latest = auto.state.latest(ASSIGNMENT)
-        return stream_backlog(auto.stream, auto.dep.group, latest[1], now) if latest else (None, None)
-    except Exception as exc:  # noqa: BLE001 - the watcher records a gap, never stops the demo
-        log.warning("demo watcher: no backlog reading (%s)", exc)
-        return None, None
 
 
 def workers_path(decisions: list[dict], until: float = math.inf) -> tuple[list[int], int]:

@@ -30,6 +30,7 @@ import pandas as pd
 from kale_airflow.config import Config, load_config
 from kale_airflow.core.jobs import DEFAULT_JOB
 from kale_airflow.control.fleet import FleetLimits
+from kale_airflow.control.generations import ASSIGNMENT
 from kale_airflow.control.promotions import AnnouncedChampions, ManualApprovals
 from kale_airflow.core.policies import Decision, KalePolicy, Observation, Reason, build_kale
 from kale_airflow.core.policies.kale import planned_downtime
@@ -155,9 +156,9 @@ class Autoscaler:
             if arrived is None:  # the clock does not span the interval yet: the stream counts
                 arrived = self.stream.arrivals(now - interval, now, ends=ends)
             rate = sum(arrived.values()) / interval
-            if cur and cur["assignment"]:
-                backlog, fresh = stream_backlog(self.stream, self.dep.group, cur["assignment"], now, ends=ends,
-                                                clock=self.appends)
+            held = self._held_slices(cur)
+            if held:
+                backlog, fresh = stream_backlog(self.stream, self.dep.group, held, now, ends=ends, clock=self.appends)
         except Exception as exc:  # noqa: BLE001 - a metrics outage must not crash the sensor
             log.warning("stream metrics unavailable (%s): holding, never scaling down", exc)
         if workers:  # the hot path: read only the last two minutes, not the whole history
@@ -171,6 +172,16 @@ class Autoscaler:
                     tput = float(recent["rate"].median())
         rescaling = bool(cur and cur["created"] and now - cur["created"] < self.planned_downtime_s)
         return Observation(now, workers, rate, backlog, fresh, None, tput, rescaling, self._ready(workers))
+
+    def _held_slices(self, cur: dict | None) -> dict | None:
+        """The assignment whose slices the backlog is measured on: the running generation's,
+        or, between a decision and its rebalance, the latest generation's that has one (its
+        commits are where the decided one starts), so a rescale leaves no gap in the
+        backlog, the freshness lag or their gauges; None before any rebalance."""
+        if cur is None or cur["assignment"]:
+            return cur and cur["assignment"]
+        latest = self.state.latest(ASSIGNMENT)
+        return latest[1]["assignment"] if latest else None
 
     def downtime_s(self, cur: dict | None, *, record: bool = True) -> float:
         """Seconds a rescale actually pauses training, as the policy should plan with it.

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kale_airflow.cli.demo import fixed_workers, freshness_figures, held_slices_lag, workers_path
+from kale_airflow.cli.demo import fixed_workers, freshness_figures, workers_path
 
 # samples/s of 0..6 ranks on two cores: sublinear, as the demo's job measures itself
 CAPACITY = [0.0, 330.0, 610.0, 790.0, 980.0, 1100.0, 1150.0]
@@ -57,24 +57,3 @@ def test_a_sample_without_a_freshness_reading_is_unobserved_not_a_lag_of_zero():
 def test_a_run_without_any_freshness_reading_has_no_violation_rate():
     figures = freshness_figures(pd.Series([2.0, 2.0]), pd.Series([np.nan, np.nan]), 60)
     assert figures == {"slo_violation_rate": None, "max_freshness_s": None, "unobserved_s": 4.0}
-
-
-def test_between_a_decision_and_its_rebalance_the_lag_is_read_on_the_slices_still_held(tmp_path):
-    """Bug class: the watcher read no lag while the decided generation had no slices yet (a
-    quarter of a demo run), though the generation before it held them and its commits are
-    where the new one starts."""
-    from types import SimpleNamespace
-
-    from kale_airflow.core.slices import Slice
-    from kale_airflow.store import StateStore
-    from kale_airflow.stream.embedded import EmbeddedStream
-
-    store, stream = StateStore(f"sqlite:///{tmp_path / 'kale.db'}"), EmbeddedStream(tmp_path / "s.db", partitions=2)
-    auto = SimpleNamespace(state=store, stream=stream, dep=SimpleNamespace(group="job"))
-    assert held_slices_lag(auto, 1000.0) == (None, None)  # no generation has slices yet
-    store.put("default", "g1", 1, {"assignment": {"0": [["0", 1.0], ["1", 1.0]]}})
-    stream.append(0, [b"x"] * 10, ts=900.0)
-    stream.append(1, [b"x"] * 4, ts=950.0)
-    stream.commit_many({f"job/{Slice(0).group_suffix}": {0: 6}, f"job/{Slice(1).group_suffix}": {1: 4}})
-    store.set_current_generation("g2", 2)  # decided, not yet rebalanced
-    assert held_slices_lag(auto, 1000.0) == (4.0, 100.0)  # partition 0's 4 pending, appended at 900

@@ -384,3 +384,21 @@ def test_the_poke_observes_the_backlog_with_batched_stream_calls(home):
     assert obs.backlog > 0 and obs.freshness_lag_s > 0
     assert "committed" not in auto.stream.calls and "read" not in auto.stream.calls
     assert auto.stream.calls["committed_many"] == auto.stream.calls["timestamps_at"] == 1
+
+
+def test_between_a_decision_and_its_rebalance_the_backlog_is_read_on_the_slices_still_held(home):
+    """Bug class: while a decided generation had no slices yet (until its rebalance), the
+    autoscaler read no backlog and no freshness lag, so its decisions and gauges had a gap at
+    every rescale, though the generation before it held the slices and its commits are where
+    the new one starts."""
+    auto = autoscaler(home)
+    arrive(home[1], 3500)
+    auto.state.set_current_generation("g0", 2)  # the first generation, decided, never rebalanced
+    first = auto.observe(NOW, record=False)
+    assert first.backlog is None and first.freshness_lag_s is None
+    running(auto, 2, "g1")
+    held = auto.observe(NOW, record=False)
+    assert held.backlog > 0 and held.freshness_lag_s > 0
+    auto.state.set_current_generation("g2", 4)  # decided, not yet rebalanced
+    decided = auto.observe(NOW, record=False)
+    assert (decided.workers, decided.backlog, decided.freshness_lag_s) == (4, held.backlog, held.freshness_lag_s)
