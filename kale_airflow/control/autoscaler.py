@@ -178,8 +178,10 @@ class Autoscaler:
         or, between a decision and its rebalance, the latest generation's that has one (its
         commits are where the decided one starts), so a rescale leaves no gap in the
         backlog, the freshness lag or their gauges; None before any rebalance."""
-        if cur is None or cur["assignment"]:
-            return cur and cur["assignment"]
+        if cur is None:
+            return None
+        if cur["assignment"]:
+            return cur["assignment"]
         latest = self.state.latest(ASSIGNMENT)
         return latest[1]["assignment"] if latest else None
 
