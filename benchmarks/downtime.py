@@ -43,19 +43,19 @@ def main() -> int:
     args = ap.parse_args()
     kale = json.loads(Path(args.engine).read_text())["kale_config"]
     kale = {k: v for k, v in kale.items() if k not in ("slo_s", "rescale_downtime_s", "interval_s")}
-    paths = sorted(Path(args.traces).glob("*.csv"))
-    if not paths:
+    traces = {p: load_trace(p) for p in sorted(Path(args.traces).glob("*.csv"))}
+    if not traces:
         print(f"no trace CSVs in {args.traces}: pass --traces", file=sys.stderr)
         return 2
     started = time.perf_counter()
     # The longest traces first, so the pool's last jobs are short.
-    paths.sort(key=lambda p: -len(load_trace(p).series) * load_trace(p).step_s)
+    longest = sorted(traces, key=lambda p: -len(traces[p].series) * traces[p].step_s)
     runs = {}
     with ProcessPoolExecutor(args.jobs) as pool:
         futs = {f"{p.stem}|{dt:g}": pool.submit(run_one, str(p), POLICIES,
-                                                 replace(windows(load_trace(p), args.days)["whole"],
-                                                         rescale_downtime_s=dt), kale)
-                for p in paths for dt in DOWNTIMES}
+                                                 replace(windows(traces[p], args.days)["whole"], rescale_downtime_s=dt),
+                                                 kale)
+                for p in longest for dt in DOWNTIMES}
         for key, fut in futs.items():
             runs[key] = fut.result()
             print(f"  {key}: {sum(c['pass'] for c in runs[key]['checks'])}/{len(runs[key]['checks'])} targets met",

@@ -5,7 +5,8 @@ embedded stream fed by the bundled trace time-compressed, local workers training
 reference torch model, or ``--config``'s ``trainer`` on its ``producer``'s payloads (with an
 emulated GPU step time so a 2-core machine can host several), the forecaster trained and registered, the throughput model fitted from the
 workers' own throughput in a short profiling phase, the job started at a fixed size (as it
-runs before Kale takes over), and the autoscaler scaling it up and down with rebalancing. It ends with a summary, plots, and how to open both UIs.
+runs before Kale takes over), and the autoscaler scaling it up and down with rebalancing.
+It ends with a summary, plots, and how to open both UIs.
 """
 
 from __future__ import annotations
