@@ -161,12 +161,14 @@ class Start:
 class FirstStep:
     """The first step's cost of every count (``cost``: GPU-seconds plus priced lag, the
     steps after it included through ``values``), whether it holds the SLO (``slo_ok``),
-    the age of the oldest sample it reaches (``freshness_s``) and its backlog at the end."""
+    the age of the oldest sample it reaches (``freshness_s``), its backlog at the end, and
+    when it has drained the queue (``recover_s``, from the step's start)."""
 
     cost: np.ndarray
     slo_ok: np.ndarray
     freshness_s: np.ndarray
     backlog: np.ndarray
+    recover_s: np.ndarray
 
 
 def first_step(capacity: np.ndarray, start: Start, length_s: float, next_rate: float, rest_s: float,
@@ -176,10 +178,10 @@ def first_step(capacity: np.ndarray, start: Start, length_s: float, next_rate: f
     downtime, during which the backlog grows; then the count drains it at its spare
     capacity. What is still queued at the end is charged as drained at the next step's
     spare capacity (``next_rate``), or as growing over ``rest_s`` where it cannot be. The
-    oldest sample ages one second per second while nothing trains and
-    ``1 - capacity / rate`` while too little does; it must stay within ``slo_s``, and a
-    queue left that the count cannot drain at the next step's rate breaks the SLO sooner or
-    later (its age is infinite)."""
+    oldest sample's age (:func:`oldest_age`) must stay within ``slo_s``, and a queue left
+    that the count cannot drain at the next step's rate breaks the SLO sooner or later (its
+    age is infinite). ``recover_s`` is when each count has drained the queue (infinite
+    where it cannot at this rate): what matters once the SLO is already broken."""
     n = np.arange(len(capacity), dtype=float)
     c, r, b0 = capacity, start.rate, start.backlog
     d = min(prices.downtime_s, length_s)
@@ -200,14 +202,38 @@ def first_step(capacity: np.ndarray, start: Start, length_s: float, next_rate: f
         tail = end * rest_s - spare_next * rest_s ** 2 / 2.0   # still growing after the step
         np.divide(end ** 2, 2.0 * spare_next, out=tail, where=spare_next > 0)
         lag += np.where(left, tail, 0.0)
-    behind = np.maximum(1.0 - c / r, 0.0) if r > 0 else 0.0
-    fresh = np.where(queued > 0, (start.freshness_s if b0 > 0 else 0.0) + pause, 0.0) + run * behind
+    fresh = oldest_age(c, start, pause, run)
     if left.any():  # a queue the count cannot drain at the next step's rate grows until the SLO breaks
         fresh[left & (c < next_rate)] = INF
     gpu = n * length_s + np.maximum(start.workers - n, 0.0) * pause
     cost = gpu + prices.lag_price * lag + values
     cost[: prices.min_workers] = INF
-    return FirstStep(cost, fresh <= slo_s, fresh, end)
+    return FirstStep(cost, fresh <= slo_s, fresh, end, pause + t_drain)
+
+
+def oldest_age(capacity: np.ndarray, start: Start, pause: np.ndarray, run: np.ndarray) -> np.ndarray:
+    """The largest age the oldest unprocessed sample reaches in a step, first in first out,
+    for each count: it ages one second per second through the ``pause``; then the backlog
+    is processed first (``b0`` samples that arrived over the last ``a0`` seconds, so at
+    ``b0 / a0`` per second), and the age moves at ``1 - c a0 / b0``; then what arrived
+    since, at ``start.rate``, and it moves at ``1 - c / rate``. A backlog that arrived faster
+    than the count processes keeps aging; one processed faster gets younger. The age is
+    piecewise linear, so its largest value is at a corner: after the pause, when the
+    backlog is through, or at the end of the ``run``."""
+    c, r, b0 = capacity, start.rate, start.backlog
+    a0 = start.freshness_s if b0 > 0 else 0.0
+    through = np.full(len(c), np.inf if b0 > 0 else 0.0)  # seconds of the run the backlog takes
+    np.divide(b0, c, out=through, where=c > 0)
+    through = np.minimum(through, run)
+    queued = b0 + r * pause > 0
+    paused = np.where(queued, a0 + pause, 0.0)
+    backlog_through = np.where(queued, pause + through + (a0 * (1.0 - c * through / b0) if b0 > 0 else 0.0), 0.0)
+    if r > 0:  # the oldest left arrived when what was processed after the backlog ran out
+        end = np.maximum(pause + run - (c * run - b0) / r, 0.0)
+    else:
+        end = np.zeros(len(c))
+    end = np.where(through < run, end, 0.0)
+    return np.maximum(np.maximum(paused, backlog_through), end)
 
 
 def offline_schedule(arrivals: np.ndarray, capacity: np.ndarray, step_s: float, prices: Prices,

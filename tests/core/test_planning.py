@@ -2,6 +2,7 @@
 
 import itertools
 import math
+from collections import deque
 
 import numpy as np
 import pytest
@@ -124,21 +125,35 @@ def test_stage_costs_below_min_workers_and_past_the_peak():
 
 
 def fluid(cap_rate, rate, backlog, freshness, pause, length, dt=0.01):
-    """Integrate backlog, lag and the oldest sample's age (first in, first out) numerically."""
-    lag, t, b, age = 0.0, 0.0, backlog, freshness if backlog > 0 else 0.0
-    worst = age
+    """Integrate backlog, lag and the oldest sample's age numerically, first in first out:
+    the queue is a list of (arrival time, samples) chunks, the measured backlog spread
+    evenly over the ``freshness`` seconds before the start."""
+    age0 = freshness if backlog > 0 else 0.0
+    chunks = deque()
+    if backlog > 0:
+        pieces = max(1, int(age0 / dt))
+        chunks.extend((-age0 + (i + 0.5) * age0 / pieces, backlog / pieces) for i in range(pieces))
+    lag, t, worst, b = 0.0, 0.0, age0, backlog
     while t < length - 1e-12:
-        c = 0.0 if t < pause else cap_rate
         before = b
-        b = max(0.0, b + (rate - c) * dt)
-        lag += (before + b) / 2 * dt
-        if b > 0:
-            age = age + dt if c == 0 else age + dt * (1 - c / rate) if rate > 0 else age
-            age = max(age, 0.0)
-        else:
-            age = 0.0
-        worst = max(worst, age)
+        if rate > 0:
+            chunks.append((t + dt / 2, rate * dt))
+            b += rate * dt
+        work = 0.0 if t < pause else cap_rate * dt
+        while work > 0 and chunks:
+            at, q = chunks[0]
+            done = min(q, work)
+            work -= done
+            b -= done
+            if done >= q - 1e-12:
+                chunks.popleft()
+            else:
+                chunks[0] = (at, q - done)
+        b = max(b, 0.0)
         t += dt
+        lag += (before + b) / 2 * dt
+        age = t - chunks[0][0] if b > 1e-9 else 0.0
+        worst = max(worst, age)
     return lag, b, worst
 
 
@@ -204,8 +219,10 @@ def test_a_queue_that_keeps_growing_breaks_the_slo_even_past_a_short_horizon():
 
 def test_what_is_left_queued_is_charged_over_the_rest_drained_or_growing():
     """Counts that end the first step with a queue: charged as drained at the next step's
-    spare capacity where they have some, as growing at their shortfall where they have none;
-    the oldest sample ages at the share of arrivals a count cannot serve."""
+    spare capacity where they have some, as growing at their shortfall where they have none.
+    The oldest sample at the end, first in first out: the backlog (2e4 samples that arrived
+    over the last 30 s) goes first; after it, the oldest left arrived when the samples
+    processed beyond the backlog had arrived since the start, at 300/s."""
     prices, rest = Prices(D, 1e-3, 1), 600.0
     fs = first_step(CAP, Start(3, 2e4, 30.0, 300.0), 400.0, 150.0, rest, np.zeros(len(CAP)), prices, 300.0)
     queued, run = 2e4 + 300.0 * D, 400.0 - D  # a move pauses 90 s first
@@ -219,10 +236,10 @@ def test_what_is_left_queued_is_charged_over_the_rest_drained_or_growing():
     assert fs.freshness_s[1] == math.inf
     end2 = queued + 110.0 * run              # 190/s: behind now, 40/s spare next
     assert fs.cost[2] == pytest.approx(charged(2, D, queued, run, end2, end2 ** 2 / 80.0), rel=1e-12)
-    assert fs.freshness_s[2] == pytest.approx(30.0 + D + run * (1 - 190.0 / 300.0), rel=1e-12)
+    assert fs.freshness_s[2] == pytest.approx(400.0 - (190.0 * run - 2e4) / 300.0, rel=1e-12)
     end3 = 2e4 + 30.0 * 400.0                # 270/s stays: no pause
     assert fs.cost[3] == pytest.approx(charged(3, 0.0, 2e4, 400.0, end3, end3 ** 2 / 240.0), rel=1e-12)
-    assert fs.freshness_s[3] == pytest.approx(30.0 + 400.0 * (1 - 270.0 / 300.0), rel=1e-12)
+    assert fs.freshness_s[3] == pytest.approx(400.0 - (270.0 * 400.0 - 2e4) / 300.0, rel=1e-12)
     # Drained within the step: no charge after it (4 workers, 340/s, at 150/s).
     fs = first_step(CAP, Start(2, 0.0, 0.0, 150.0), 400.0, 150.0, rest, np.zeros(len(CAP)), prices, 300.0)
     q = 150.0 * D

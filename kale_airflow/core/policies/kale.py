@@ -184,8 +184,8 @@ class KalePolicy:
         ok = fs.slo_ok & np.isfinite(fs.cost)
         if ok.any():
             target = int(np.argmin(np.where(ok, fs.cost, math.inf)))
-        else:  # nothing holds the SLO: keep the oldest sample as young as possible, then drain fastest
-            target = int(np.lexsort((fs.cost, -table, fs.freshness_s))[0])
+        else:  # the SLO is broken whatever the count: recover soonest, else the most capacity, then the cheapest
+            target = int(np.lexsort((fs.cost, -table, fs.recover_s))[0])
         return Plan(target, fs.cost, fs.slo_ok, fs.freshness_s, first_rate, float(rates.max()), source)
 
     def _planned(self, obs: Observation) -> tuple[Plan, tuple[Reason, str], dict]:
