@@ -357,3 +357,23 @@ def test_stage_costs_are_the_same_in_any_unit_of_samples():
         for got, want in zip(stage_costs(CAP * k, rates * k, STEP, Prices(D, 1e-3 / k, 1, slo_s=300.0)),
                              stage_costs(CAP, rates, STEP, Prices(D, 1e-3, 1, slo_s=300.0))):
             np.testing.assert_allclose(got, want, rtol=1e-9)
+
+
+def test_recovery_is_when_each_count_has_drained_the_queue():
+    # 1e4 queued at 150/s. Staying at 2 (190/s) drains at 40/s; moving to 3 (270/s) pauses
+    # 90 s first (the queue grows by 150 x 90) and then drains at 120/s; 1 worker never does.
+    fs = first_step(CAP, Start(2, 1e4, 50.0, 150.0), 400.0, 150.0, 600.0, np.zeros(len(CAP)), Prices(D, 1e-3, 1), 300.0)
+    assert fs.recover_s[2] == pytest.approx(1e4 / 40.0)
+    assert fs.recover_s[3] == pytest.approx(D + (1e4 + 150.0 * D) / 120.0)
+    assert fs.recover_s[4] == pytest.approx(D + (1e4 + 150.0 * D) / 190.0)
+    assert fs.recover_s[1] == math.inf
+
+
+def test_a_backlog_that_arrived_in_a_burst_ages_while_it_is_worked_off():
+    # 9,000 samples that arrived over the last 30 s (300/s) at 2 workers (190/s): first in
+    # first out, the oldest left is the one 190 t samples into the burst, so the age grows
+    # at 1 - 190 x 30 / 9,000 until the burst is through at 9,000 / 190 s.
+    fs = first_step(CAP, Start(2, 9000.0, 30.0, 100.0), 300.0, 100.0, 600.0, np.zeros(len(CAP)), Prices(D, 1e-3, 1),
+                    300.0)
+    assert fs.freshness_s[2] == pytest.approx(9000.0 / 190.0)
+    assert fs.freshness_s[2] > 30.0  # older than when the step began, though 190/s beats the 100/s arriving now

@@ -79,6 +79,18 @@ def test_with_lag_free_the_slo_alone_bounds_the_plan():
     assert priced.workers > 22
 
 
+@pytest.mark.parametrize("table,expected", [
+    (TABLE, 64),                                  # every worker more drains sooner: the most
+    (np.minimum(TABLE, 40000.0), 40),             # a plateau from 40: the cheapest of the soonest
+], ids=["linear", "plateau"])
+def test_once_the_slo_is_broken_the_plan_recovers_soonest_instead_of_holding(table, expected):
+    # The oldest sample is already 400 s old (SLO 300 s) and 25,000/s arrive at 20 workers:
+    # no count brings it back within the step, and staying never drains the queue.
+    d = run(kale([20000] * 40, table=table), 20, 25000, backlog=6e6, fresh=400.0)
+    assert d.reason == Reason.SCALE_UP_SLO_RISK, d.message
+    assert d.workers == expected
+
+
 def test_moving_is_refused_when_its_pause_would_break_the_slo():
     # 250 s old already: a 90 s pause takes the oldest sample past 300 s; 22 workers drain it.
     d = kale([20000] * 40).decide(obs(0, 22, 20000, backlog=1e6, fresh=250.0))
