@@ -222,18 +222,17 @@ def oldest_age(capacity: np.ndarray, start: Start, pause: np.ndarray, run: np.nd
     backlog is through, or at the end of the ``run``."""
     c, r, b0 = capacity, start.rate, start.backlog
     a0 = start.freshness_s if b0 > 0 else 0.0
-    through = np.full(len(c), np.inf if b0 > 0 else 0.0)  # seconds of the run the backlog takes
+    through = np.full(len(c), np.inf)  # seconds of the run the backlog takes
     np.divide(b0, c, out=through, where=c > 0)
     through = np.minimum(through, run)
     queued = b0 + r * pause > 0
     paused = np.where(queued, a0 + pause, 0.0)
-    backlog_through = np.where(queued, pause + through + (a0 * (1.0 - c * through / b0) if b0 > 0 else 0.0), 0.0)
-    if r > 0:  # the oldest left arrived when what was processed after the backlog ran out
-        end = np.maximum(pause + run - (c * run - b0) / r, 0.0)
-    else:
-        end = np.zeros(len(c))
-    end = np.where(through < run, end, 0.0)
-    return np.maximum(np.maximum(paused, backlog_through), end)
+    # When the backlog is through, or at the run's end while still in it:
+    in_backlog = np.where(queued, pause + through + (a0 * (1.0 - c * through / b0) if b0 > 0 else 0.0), 0.0)
+    # At the run's end once the backlog is through: the oldest left arrived when what was
+    # processed after the backlog had arrived.
+    after = np.maximum(pause + run - (c * run - b0) / r, 0.0) if r > 0 else 0.0
+    return np.maximum(np.maximum(paused, in_backlog), np.where(through < run, after, 0.0))
 
 
 def offline_schedule(arrivals: np.ndarray, capacity: np.ndarray, step_s: float, prices: Prices,

@@ -152,7 +152,7 @@ def fluid(cap_rate, rate, backlog, freshness, pause, length, dt=0.01):
         b = max(b, 0.0)
         t += dt
         lag += (before + b) / 2 * dt
-        age = t - chunks[0][0] if b > 1e-9 else 0.0
+        age = t - chunks[0][0] if chunks and b > 1e-9 else 0.0
         worst = max(worst, age)
     return lag, b, worst
 
@@ -162,7 +162,9 @@ def fluid(cap_rate, rate, backlog, freshness, pause, length, dt=0.01):
     (2, 5e4, 60.0, 150.0),    # a backlog to drain, staying or moving
     (3, 2e4, 30.0, 300.0),    # the running count falls behind
     (4, 0.0, 0.0, 0.0),       # an idle stream
-], ids=["pause only", "backlog", "falling behind", "idle"])
+    (2, 1e3, 200.0, 90.0),    # a small, old backlog: its age after a pause is the oldest it gets
+    (2, 2e5, 100.0, 150.0),   # a backlog no count works off within the step
+], ids=["pause only", "backlog", "falling behind", "idle", "small old backlog", "long backlog"])
 def test_first_step_follows_the_backlog_like_a_fluid_simulation(workers, backlog, freshness, rate):
     length, prices = 400.0, Prices(D, 1e-3, 1)
     fs = first_step(CAP, Start(workers, backlog, freshness, rate), length, rate, 600.0, np.zeros(len(CAP)), prices,

@@ -91,6 +91,14 @@ def test_once_the_slo_is_broken_the_plan_recovers_soonest_instead_of_holding(tab
     assert d.workers == expected
 
 
+def test_a_backlog_without_a_measured_age_is_planned_as_just_arrived():
+    # 1e8 queued at 25 workers (25,000/s), the age unmeasured: the step (600 s from a bin's
+    # start) cannot work the backlog off, and its oldest sample is as old as the step.
+    policy = kale([20000] * 40)
+    plan = policy.plan(obs(0.0, 25, 20000, backlog=1e8, fresh=None))
+    assert plan.freshness_s[25] == pytest.approx(600.0)
+
+
 def test_moving_is_refused_when_its_pause_would_break_the_slo():
     # 250 s old already: a 90 s pause takes the oldest sample past 300 s; 22 workers drain it.
     d = kale([20000] * 40).decide(obs(0, 22, 20000, backlog=1e6, fresh=250.0))
