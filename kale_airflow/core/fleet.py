@@ -37,7 +37,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from kale_airflow.core.policies.base import Decision, Limits, Reason, duration
 
-VIOLATION_GPUS = 64.0  # GPU-seconds a second of risked SLO violation costs (benchmarks/fleet.py chose it)
+VIOLATION_GPUS = 256.0  # GPU-seconds a second of risked SLO violation costs (benchmarks/fleet.py chose it)
 RULES = ("arbiter", "fcfs")
 
 
