@@ -46,12 +46,6 @@ class ForecastSource(Protocol):
 
     def recent_max(self, now_s: float, window_s: float) -> float | None: ...
 
-    def mean_rate(self) -> float | None:
-        """The stream's mean rate (samples/s) over the history the source holds; None
-        before any. Kale prices lag against it, so a sample-second costs the same at
-        every hour."""
-        ...
-
 
 class OnlineForecastSource:  # pragma: no mutate block
     """Feeds observed rates into bins and keeps a forecast of the next hours.
@@ -249,10 +243,6 @@ class OnlineForecastSource:  # pragma: no mutate block
             best = cur if best is None else max(best, cur)
         return best
 
-    def mean_rate(self) -> float | None:
-        """Mean of the completed bins (the history the forecast learns from); None before any."""
-        return float(self.bins.mean()) if self._len else None
-
 
 class OracleForecastSource:  # pragma: no mutate block
     """The true future, binned like the online source (for the oracle limit only)."""
@@ -297,7 +287,3 @@ class OracleForecastSource:  # pragma: no mutate block
     def recent_max(self, now_s: float, window_s: float) -> float | None:
         """Not used by the oracle's decisions (its forecast is exact)."""
         return 0.0
-
-    def mean_rate(self) -> float | None:
-        """The window's mean rate: the oracle knows the whole of it."""
-        return float(self._means.mean()) if len(self._means) else None

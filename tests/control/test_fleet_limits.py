@@ -143,7 +143,7 @@ def planning():
 
     table = np.arange(9) * 50.0  # samples/s of 0..8 workers
     cost = np.linspace(9.0, 1.0, 9) * 3600
-    plan = Plan(4, cost, np.arange(9) >= 3, np.zeros(9), rate=120.0, peak=200.0, source="forecast", lag_price=1e-3)
+    plan = Plan(4, cost, np.arange(9) >= 3, np.zeros(9), rate=120.0, peak=200.0, source="forecast")
     return Planning(plan, table), plan, table
 
 

@@ -84,22 +84,3 @@ def test_oracle_path_is_the_true_bin_means_and_repeats_the_last_past_the_end():
     rates = np.repeat([10.0, 20.0, 30.0], 20)  # three 5-minute bins of 15 s ticks
     src = OracleForecastSource(0.0, 15.0, rates, bin_s=300.0)
     assert list(src.path(310.0, 4)[0]) == [20.0, 30.0, 30.0, 30.0]
-
-
-def test_online_mean_rate_is_the_mean_of_the_completed_bins_and_none_before_any():
-    src = OnlineForecastSource(SeasonalNaiveForecaster(), bin_s=300, quantile=0.9, history_s=3600)
-    assert src.mean_rate() is None
-    for k in range(20):  # one 5-minute bin at 100/s, then one at 300/s
-        src.observe(15.0 * (k + 1), 100.0)
-    for k in range(20, 40):
-        src.observe(15.0 * (k + 1), 300.0)
-    src.observe(15.0 * 41, 10_000.0)  # the bin in progress does not count
-    assert src.mean_rate() == pytest.approx(200.0)
-    for k in range(41, 41 + 20 * 13):  # an hour of 50/s after that bin: the older ones leave the history
-        src.observe(15.0 * (k + 1), 50.0)
-    assert src.mean_rate() == pytest.approx(50.0)
-
-
-def test_oracle_mean_rate_is_the_windows():
-    src = OracleForecastSource(0.0, 15.0, np.repeat([10.0, 20.0, 60.0], 20), bin_s=300.0)
-    assert src.mean_rate() == pytest.approx(30.0)

@@ -2,14 +2,12 @@
 
 Every decision solves the planning problem of :mod:`kale_airflow.core.planning` over
 ``horizon_s``: GPU-seconds, where a rescale holds ``max(old, new)`` GPUs for the measured
-pause and loses that capacity, plus a price on accumulated lag (the same per
-sample-second at every hour), subject to keeping up with the forecast quantile it plans
-for and to the freshness SLO. The first step starts from what is measured (count,
-backlog, age of the oldest sample); the later ones follow the forecast bins. Only the
-plan's first move is applied, and a change must stay the plan's first move for
-``persist_s`` first: a noise filter on the forecast. A move the SLO needs now, and a
-scale-up while the measured arrivals exceed the running count's capacity (a backlog
-growing now, not a forecast), go at once.
+pause and loses that capacity, plus a price on accumulated lag, subject to keeping up
+with the forecast quantile it plans for and to the freshness SLO. The first step starts
+from what is measured (count, backlog, age of the oldest sample); the later ones follow
+the forecast bins. Only the plan's first move is applied, and a change must stay the
+plan's first move for ``persist_s`` first (a noise filter; a move the SLO needs now goes
+at once).
 
 The reason of every decision names the binding term: the SLO at risk, the forecast
 (a count that cannot keep up), a backlog to drain, or the cost of a rescale (a smaller
@@ -44,12 +42,9 @@ class KaleConfig:
 
     - ``forecast_quantile``: the forecast quantile the plan must keep up with;
     - ``horizon_s``: how far ahead the plan looks (it must cover two restarts);
-    - ``wait_cost``: workers worth one second of mean wait: a sample-second of lag costs
-      ``wait_cost / mean rate`` GPU-seconds, the mean over the stream's history, so the
-      plan pays one worker to cut the mean wait at the mean rate by ``1 / wait_cost``
-      seconds, and lag costs the same at every hour;
-    - ``persist_s``: how long a change must stay the plan's first move before it is applied
-      (a scale-up goes at once while the measured arrivals exceed the running count's capacity).
+    - ``wait_cost``: workers worth one second of mean wait: the plan pays one worker over
+      the horizon to cut the mean wait of the samples in it by ``1 / wait_cost`` seconds;
+    - ``persist_s``: how long a change must stay the plan's first move before it is applied.
 
     The rest are inputs: ``slo_s`` (the freshness SLO), ``rescale_downtime_s`` (the pause a
     rescale costs, raised to what is measured: :func:`planned_downtime`) and ``interval_s``
@@ -100,7 +95,6 @@ class Plan:
     rate: float             # samples/s the first step plans for
     peak: float             # the largest planned rate over the horizon
     source: str
-    lag_price: float        # GPU-seconds per sample-second of lag
 
     def details(self, current: int) -> dict:
         """The plan's figures every decision carries (GPU-hours; ``stay`` is the plan's cost
@@ -181,8 +175,7 @@ class KalePolicy:
         now_rate = max(float(rates[0]), obs.arrival_rate or 0.0)
         first_rate = (now_rate * left + float(rates[1]) * step) / (left + step)
         tail = rates[2:]
-        mean = self.forecast.mean_rate()  # the history's; the horizon's before there is one
-        lag_price = cfg.wait_cost / max(MIN_RATE, float(np.mean(rates)) if mean is None else mean)
+        lag_price = cfg.wait_cost / max(MIN_RATE, float(np.mean(rates)))
         prices = Prices(cfg.rescale_downtime_s, lag_price, self.limits.min_workers, cfg.slo_s)
         values = self._values((b, id(self.capacity.table), prices), table, tail, step, prices)
         start = Start(obs.workers, obs.backlog or 0.0, obs.freshness_lag_s or 0.0, first_rate)
@@ -193,7 +186,7 @@ class KalePolicy:
             target = int(np.argmin(np.where(ok, fs.cost, math.inf)))
         else:  # the SLO is broken whatever the count: recover soonest, else the most capacity, then the cheapest
             target = int(np.lexsort((fs.cost, -table, fs.recover_s))[0])
-        return Plan(target, fs.cost, fs.slo_ok, fs.freshness_s, first_rate, float(rates.max()), source, lag_price)
+        return Plan(target, fs.cost, fs.slo_ok, fs.freshness_s, first_rate, float(rates.max()), source)
 
     def _planned(self, obs: Observation) -> tuple[Plan, tuple[Reason, str], dict]:
         """This tick's plan and its reason. With nothing queued, a plan stands until one of
@@ -275,13 +268,8 @@ class KalePolicy:
         if self._want is None or self._want[0] != direction:
             self._want = (direction, now)
         if reason != Reason.SCALE_UP_SLO_RISK and now - self._want[1] < self.config.persist_s - 1e-9:
-            table = self._table()
-            running = table[min(current, len(table) - 1)]
-            if not (direction > 0 and obs.arrival_rate is not None and obs.arrival_rate > running):
-                return Decision(current, Reason.HOLD_STABILIZING,
-                                f"{message}; waiting until the plan holds {duration(self.config.persist_s)}", details)
-            message = (f"{message}; without waiting: {obs.arrival_rate:.0f} samples/s arrive and {current} "  # pragma: no mutate
-                       f"workers process {running:.0f}")  # pragma: no mutate
+            return Decision(current, Reason.HOLD_STABILIZING,
+                            f"{message}; waiting until the plan holds {duration(self.config.persist_s)}", details)
         self._want = None
         return Decision(target, reason, message, details)
 

@@ -105,45 +105,10 @@ def test_moving_is_refused_when_its_pause_would_break_the_slo():
     assert d.workers == 22
 
 
-def test_lag_costs_the_same_per_sample_second_at_every_hour():
-    # A night of 10,000/s, then a day of 30,000/s: the stream's mean is 20,000/s, and a
-    # sample-second of lag is priced against it at night and at noon alike.
-    p = kale([10000] * 24 + [30000] * 24)
-    night, noon = p.plan(obs(0, 10, 10000)), p.plan(obs(30 * BIN, 30, 30000))
-    assert night.lag_price == noon.lag_price == pytest.approx(CFG.wait_cost / 20000)
-
-
-def test_lag_is_priced_against_the_horizon_until_there_is_history():
-    from kale_airflow.core.forecast import SeasonalNaiveForecaster
-
-    source = OnlineForecastSource(SeasonalNaiveForecaster(), bin_s=BIN, quantile=0.5)
-    p = KalePolicy(LIMITS, source, KnownCapacity(TABLE), CFG)
-    p.decide(obs(TICK, 10, 10000))  # a rate in the bin in progress, no completed bin yet
-    plan = p.plan(obs(2 * TICK, 10, 10000))
-    assert plan.source.startswith("fallback") and plan.lag_price == pytest.approx(CFG.wait_cost / (10000 * 1.2))
-
-
 def test_a_change_waits_for_the_persistence_window_then_applies():
     p = kale([20000] * 2 + [30000] * 30)
     reasons = [p.decide(obs(k * TICK, 20, 20000)).reason for k in range(5)]
     assert reasons[:4] == [Reason.HOLD_STABILIZING] * 4 and reasons[4] == Reason.SCALE_UP_FORECAST
-
-
-def test_a_scale_up_goes_at_once_while_the_arrivals_exceed_the_running_count():
-    # 20 workers process 20,000/s: at 20,500/s the backlog grows now, so waiting only adds lag.
-    d = kale([20000] * 4 + [30000] * 30).decide(obs(0, 20, 20500))
-    assert d.reason == Reason.SCALE_UP_FORECAST and d.workers >= 30
-    assert "without waiting: 20500 samples/s arrive and 20 workers process 20000" in d.message
-
-
-def test_a_scale_down_waits_its_window_even_when_the_running_count_falls_behind():
-    # Past the throughput peak (25 workers) more workers process less: 30 process 20,000/s,
-    # fewer than arrive, and the plan's move is down. Only scale-ups skip the window.
-    n = np.arange(65.0)
-    p = kale([22000] * 40, table=np.where(n <= 25, PER * n, PER * (50 - n)))
-    first = p.decide(obs(0, 30, 22000))
-    assert first.reason == Reason.HOLD_STABILIZING and first.details["plan_workers"] < 30
-    assert run(p, 30, 22000, t0=TICK).reason == Reason.SCALE_DOWN_FORECAST
 
 
 def test_a_change_of_direction_restarts_the_persistence_window():
@@ -264,13 +229,13 @@ def test_a_plans_figures_are_its_costs_in_gpu_hours_and_its_rates():
 
     cost = np.array([np.inf, 7200.0, 5400.0, 9000.0])
     plan = Plan(target=2, cost=cost, slo_ok=np.ones(4, bool), freshness_s=np.zeros(4), rate=1234.56789,
-                peak=2345.67891, source="forecast", lag_price=1e-4)
+                peak=2345.67891, source="forecast")
     assert plan.details(1) == {"plan_workers": 2, "plan_gpu_h": 1.5, "stay_gpu_h": 2.0, "planned_rate": 1234.568,
                                "forecast_peak": 2345.679, "source": "forecast"}
     assert plan.details(0)["stay_gpu_h"] is None  # staying at 0 is not allowed (inf)
     assert plan.details(4)["stay_gpu_h"] is None  # a count beyond the plan's table
     assert plan.details(3)["stay_gpu_h"] == 2.5
-    rounded = Plan(1, np.array([0.0, 1.23456 * 3600]), np.ones(2, bool), np.zeros(2), 0.0, 0.0, "x", 0.0).details(1)
+    rounded = Plan(1, np.array([0.0, 1.23456 * 3600]), np.ones(2, bool), np.zeros(2), 0.0, 0.0, "x").details(1)
     assert rounded["plan_gpu_h"] == rounded["stay_gpu_h"] == 1.2346  # rounded to 4 places
 
 
@@ -455,8 +420,7 @@ def test_the_policy_learns_from_what_it_observes_and_not_while_rescaling():
 def by_hand(policy, o):
     """The documented assembly of a plan: the first step runs from now to the end of the next
     bin at the mean of now's rate (the forecast's or the measured one, whichever is higher)
-    and the next bin's, from what is measured; the steps after it are the horizon's bins;
-    lag is priced against the stream's mean rate."""
+    and the next bin's, from what is measured; the steps after it are the horizon's bins."""
     from kale_airflow.core.planning import Prices, Start, first_step, values_to_go
 
     cfg, now = policy.config, o.now_s
@@ -465,7 +429,7 @@ def by_hand(policy, o):
     b = now // BIN
     left = (b + 1) * BIN - now
     first_rate = (max(rates[0], o.arrival_rate or 0.0) * left + rates[1] * BIN) / (left + BIN)
-    prices = Prices(cfg.rescale_downtime_s, cfg.wait_cost / max(1.0, policy.forecast.mean_rate()), policy.limits.min_workers,
+    prices = Prices(cfg.rescale_downtime_s, cfg.wait_cost / max(1.0, np.mean(rates)), policy.limits.min_workers,
                     cfg.slo_s)
     table = np.asarray(policy.capacity.table[:65], dtype=float)
     tail = rates[2:]
