@@ -62,7 +62,8 @@ ONLINE_POLICIES = ("kale", "hpa", "keda", "autopilot", "static")
 CANDIDATES = ("kale-rules",)
 ALL_POLICIES = ONLINE_POLICIES + ("oracle",)
 # Display names: the oracle is Kale's own logic fed the truth, not a bound.
-LABELS = {"oracle": "clairvoyant Kale"}
+LABELS = {"oracle": "clairvoyant Kale", "oracle@10min": "clairvoyant Kale (10-min means)",
+          "oracle@15min": "clairvoyant Kale (15-min means)", "oracle@1h": "clairvoyant Kale (hourly means)"}
 
 # Baseline variants at their own realistic settings (name -> SimConfig overrides). The
 # plain names run at the SimConfig's settings (the CLI's options); the others pin one.
@@ -74,6 +75,10 @@ VARIANTS: dict[str, dict] = {
     "autopilot@p95+0%": {"autopilot_percentile": 0.95, "autopilot_margin": 0.0},
     "autopilot@p90+5%": {"autopilot_percentile": 0.90, "autopilot_margin": 0.05},
     "autopilot@p99+20%": {"autopilot_percentile": 0.99, "autopilot_margin": 0.20},
+    # Clairvoyant Kale that knows the future only at a coarser resolution (benchmarks/headroom.py).
+    "oracle@10min": {"oracle_resolution_s": 600.0},
+    "oracle@15min": {"oracle_resolution_s": 900.0},
+    "oracle@1h": {"oracle_resolution_s": 3600.0},
 }
 # The grid the engine benchmark evaluates per baseline (the plain name at the defaults).
 BASELINE_GRID = {
@@ -113,6 +118,7 @@ class SimConfig:
     shard_skew: float | None = None
     shard_partitions: int = 128
     shard_assignment: str = "rebalance"
+    oracle_resolution_s: float | None = None  # None: the oracle knows every bin of the future
 
     def __post_init__(self) -> None:
         if self.tick_s <= 0:
@@ -469,7 +475,8 @@ def build_policy(name: str, cfg: SimConfig, workload: Workload, forecaster: str 
         peak = float(workload.arrivals.max()) / cfg.tick_s
         return StaticPolicy(limits.clamp(cfg.cluster.workers_for(peak, limits.upper)))
     if name == "oracle":
-        source = OracleForecastSource(workload.start_s, cfg.tick_s, workload.arrivals / cfg.tick_s)
+        source = OracleForecastSource(workload.start_s, cfg.tick_s, workload.arrivals / cfg.tick_s,
+                                      resolution_s=cfg.oracle_resolution_s)
         capacity = KnownCapacity(cfg.cluster.capacity_table(limits.upper))
         return KalePolicy(limits, source, capacity, kcfg, name="oracle")
     raise SimulationError(f"unknown policy {name!r}; choose from {', '.join(ALL_POLICIES + CANDIDATES + tuple(VARIANTS))}")

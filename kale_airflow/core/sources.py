@@ -245,18 +245,26 @@ class OnlineForecastSource:  # pragma: no mutate block
 
 
 class OracleForecastSource:  # pragma: no mutate block
-    """The true future, binned like the online source (for the oracle limit only)."""
+    """The true future, binned like the online source (for the oracle limit only).
+
+    ``resolution_s`` blurs it: each bin reads the true mean over a window of that length
+    centred on it, what a forecaster exact at that resolution, and blind within it, would
+    plan for (None: every bin exactly)."""
 
     stateful = False  # the future is given, nothing is learned
     version = 0
 
-    def __init__(self, start_s: float, tick_s: float, rates: np.ndarray, bin_s: float = 300.0):
+    def __init__(self, start_s: float, tick_s: float, rates: np.ndarray, bin_s: float = 300.0,
+                 resolution_s: float | None = None):
         self.bin_s = bin_s
         b0 = int(start_s // bin_s)
         idx = ((start_s + tick_s * np.arange(len(rates))) // bin_s).astype(int) - b0
         sums = np.bincount(idx, weights=rates)
         cnt = np.bincount(idx)
         self._means = sums / np.maximum(cnt, 1)
+        width = int(round((resolution_s or bin_s) / bin_s))
+        if width > 1:
+            self._means = pd.Series(self._means).rolling(width, center=True, min_periods=1).mean().to_numpy()
         self._b0 = b0
         self._recent = deque(maxlen=4096)
 

@@ -268,6 +268,14 @@ def test_variants_run_under_their_own_names_with_their_settings(trace):
     assert set(VARIANTS) >= {"hpa@60s", "keda@10s", "keda@30s"}
 
 
+def test_a_coarser_oracle_plans_on_the_futures_means_over_its_resolution(trace):
+    w = build_workload(trace, CFG)
+    exact, hourly = build_policy("oracle", CFG, w), build_policy("oracle@1h", CFG, w)
+    truth = exact.forecast.path(w.start_s, 12)[0]
+    assert hourly.forecast.path(w.start_s + 6 * 300.0, 1)[0][0] == pytest.approx(truth.mean())
+    assert not np.allclose(exact.forecast.path(w.start_s + 6 * 300.0, 1)[0], truth.mean())
+
+
 def test_best_variant_is_the_cheapest_within_one_point_of_kale():
     p = {"hpa": {"slo_violation_rate": 0.020, "gpu_hours": 80},
          "hpa@60s": {"slo_violation_rate": 0.012, "gpu_hours": 100},

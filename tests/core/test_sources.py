@@ -84,3 +84,11 @@ def test_oracle_path_is_the_true_bin_means_and_repeats_the_last_past_the_end():
     rates = np.repeat([10.0, 20.0, 30.0], 20)  # three 5-minute bins of 15 s ticks
     src = OracleForecastSource(0.0, 15.0, rates, bin_s=300.0)
     assert list(src.path(310.0, 4)[0]) == [20.0, 30.0, 30.0, 30.0]
+
+
+def test_oracle_at_a_coarser_resolution_reads_the_centred_mean_of_each_window():
+    rates = np.repeat([0.0, 30.0, 0.0, 0.0, 60.0, 0.0], 20)  # six 5-minute bins of 15 s ticks
+    exact = OracleForecastSource(0.0, 15.0, rates, bin_s=300.0, resolution_s=300.0)
+    assert list(exact.path(0.0, 6)[0]) == [0.0, 30.0, 0.0, 0.0, 60.0, 0.0]
+    blurred = OracleForecastSource(0.0, 15.0, rates, bin_s=300.0, resolution_s=900.0)
+    assert list(blurred.path(0.0, 6)[0]) == pytest.approx([15.0, 10.0, 10.0, 20.0, 20.0, 30.0])
