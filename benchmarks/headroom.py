@@ -67,7 +67,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{key:45s} " + " ".join(f"{r[p]['gpu_over_offline']:13.3f}" for p in POLICIES))
     write_json(args.json, {"kale_config": kale, "chosen": chosen, "policies": list(POLICIES), "rows": rows,
                            "wall_s": round(time.perf_counter() - started, 1)})
-    print(f"wrote {args.json}")
     return 0
 
 

@@ -420,6 +420,23 @@ def downtime_table(report: dict | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def headroom_table(report: dict | None = None) -> str:
+    """Kale beside clairvoyant Kale at coarser resolutions of the future
+    (``benchmarks/headroom.py``, ``benchmarks/results/headroom.json``): GPU-hours over the
+    offline optimum, row by row."""
+    report = report or _result("headroom.json")
+    names = {"kale": "Kale", "oracle@1h": "hourly means", "oracle@15min": "15-min means",
+             "oracle@10min": "10-min means", "oracle": "every 5-min bin"}
+    order = [p for p in ("kale", "oracle@1h", "oracle@15min", "oracle@10min", "oracle") if p in report["policies"]]
+    head = "| row | " + " | ".join(names[p] for p in order) + " |"
+    lines = [head, "|" + " --- |" * (len(order) + 1)]
+    for key, r in report["rows"].items():
+        trace, cluster, window = key.split("|")
+        lines.append(f"| {NAMES.get(trace, trace)}, {cluster}, {window.replace('_', ' ')} | "
+                     + " | ".join(f"{r[p]['gpu_over_offline']:.3f}" for p in order) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def rules_table(report: dict | None = None) -> str:
     """Kale's planner against the rules it replaced (``kale-rules``), row by row, from
     ``benchmarks/results/engine.json``."""
@@ -502,6 +519,7 @@ GENERATED: list[tuple[str, str, Callable[[], str]]] = [
     ("docs/testing.md", "mutation-table", mutation_table),
     ("docs/policy.md", "engine-tables", engine_tables),
     ("docs/simulation.md", "downtime-table", downtime_table),
+    ("docs/policy.md", "headroom-table", headroom_table),
     ("README.md", "engine-summary", engine_summary),
     ("docs/fleet.md", "fleet-poke", fleet_poke),
     ("docs/runtime.md", "rescale-pauses", rescale_pauses),
