@@ -11,6 +11,7 @@ It ends with a summary, plots, and how to open both UIs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -26,6 +27,10 @@ import pandas as pd
 import yaml
 
 from kale_airflow.config import Settings
+from kale_airflow.core.cluster import ClusterModel
+from kale_airflow.core.policies.kale import KaleConfig, planned_downtime
+from kale_airflow.core.simulator import SimConfig
+from kale_airflow.core.traffic import Trace, TraceReport
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 LOOKAHEAD_S = 60.0  # the demo's look-ahead: one minute of wall time, 90 minutes of trace time
@@ -49,16 +54,65 @@ BIN_S = 30
 # four complete bins of it (the first one may be partial); until then Kale would plan on the
 # fallback (the recent peak plus a margin).
 HANDOVER_S = 5 * BIN_S
-RUN_DAG = r"""
-import json, sys
+# One process that runs DAGs with ``dag.test()``, one request (a JSON line ``[dag_id, conf]``
+# on stdin) after another, answering ``KALE_STATE <state>`` for each: Airflow and the DAGs are
+# imported and parsed once, not for every run.
+RUN_DAGS = r"""
+import json, sys, traceback
 from airflow.dag_processing.dagbag import DagBag
 from airflow.sdk.definitions import dag as sdk_dag
 from kale_airflow.cli.demo import logged_where_the_ui_reads
 sdk_dag._run_task = logged_where_the_ui_reads(sdk_dag._run_task)
 bag = DagBag(dag_folder=sys.argv[1])
-dr = bag.get_dag(sys.argv[2]).test(run_conf=json.loads(sys.argv[3]))
-print("KALE_STATE " + str(dr.state))
+for line in sys.stdin:
+    dag_id, conf = json.loads(line)
+    try:
+        state = str(bag.get_dag(dag_id).test(run_conf=conf).state)
+    except Exception:
+        traceback.print_exc()
+        state = "crashed"
+    print("KALE_STATE " + state, flush=True)
 """
+
+
+class DagLane:
+    """DAG runs one after another in one long-lived ``dag.test()`` process, as one slot of a
+    scheduler runs them; what the runs print goes to ``log``. The demo runs the autoscaler in
+    one lane and the training runs it starts in another, side by side, as Airflow's scheduler
+    runs a ``@continuous`` autoscaler next to the training runs it triggers."""
+
+    def __init__(self, env: dict, cwd: Path, log: Path, dags: Path = DAGS):
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.log = open(log, "a")
+        self.proc = subprocess.Popen([sys.executable, "-c", RUN_DAGS, str(dags)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
+        self.lock = threading.Lock()
+
+    def run(self, dag_id: str, conf: dict | None = None) -> str:
+        """Run ``dag_id`` with ``conf`` to its end: its state (``crashed`` if the lane died)."""
+        with self.lock:
+            try:
+                self.proc.stdin.write(json.dumps([dag_id, conf or {}]) + "\n")
+                self.proc.stdin.flush()
+            except (BrokenPipeError, OSError):
+                return "crashed"
+            for line in self.proc.stdout:
+                if line.startswith("KALE_STATE "):
+                    self.log.flush()
+                    return line.split()[1]
+                self.log.write(line)
+            return "crashed"
+
+    def close(self) -> None:
+        """End the lane's process once its last run is done."""
+        with self.lock:
+            if self.proc.stdin and not self.proc.stdin.closed:
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
 
 
 def logged_where_the_ui_reads(run_task):
@@ -115,6 +169,9 @@ class Demo:
                     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "PYTHONWARNINGS": "ignore", "GIT_PYTHON_REFRESH": "quiet"}
         self.samples: list[dict] = []
         self.fixed = max_workers  # the job's size before Kale takes over (``run`` sets it from the profile)
+        self.lanes: dict[str, DagLane] = {}
+        self._training: threading.Thread | None = None  # the training run in progress, beside the autoscaler's
+        self._started: str | None = None  # the last generation a training run was started for
         self._stop = threading.Event()
 
     def say(self, text: str) -> None:
@@ -142,14 +199,11 @@ class Demo:
                  f"rank's memory); EMULATION: each rank sleeps to a GPU step of {self.step_time_s:g} s per "
                  f"{self.batch} samples (about {per_worker:,.0f} samples/s per rank)")
 
-    def dag(self, dag_id: str, conf: dict | None = None) -> str:
-        proc = subprocess.run([sys.executable, "-c", RUN_DAG, str(DAGS), dag_id, json.dumps(conf or {})],
-                              env=self.env, capture_output=True, text=True, cwd=self.out)
-        state = next((l.split()[1] for l in proc.stdout.splitlines() if l.startswith("KALE_STATE")), "crashed")
-        (self.out / "dag-logs").mkdir(exist_ok=True)
-        with open(self.out / "dag-logs" / f"{dag_id}.log", "a") as fh:
-            fh.write(proc.stdout + proc.stderr)
-        return state
+    def dag(self, dag_id: str, conf: dict | None = None, lane: str = "autoscaler") -> str:
+        """Run a DAG to its end in one of the demo's lanes (:class:`DagLane`): its state."""
+        if lane not in self.lanes:
+            self.lanes[lane] = DagLane(self.env, self.out, self.out / "dag-logs" / f"{lane}.log")
+        return self.lanes[lane].run(dag_id, conf)
 
     # --------------------------------------------------------------- profiling
     def profile(self) -> None:
@@ -194,6 +248,7 @@ class Demo:
         self.say(f"producer: {self.trace_window.index[0]} .. {self.trace_window.index[-1]} of the NYC taxi trace, "
                  f"one 30-min step every {self.step_wall_s:g} s, peak {self.peak_rate:,.0f} samples/s, "
                  f"16 partitions with Zipf(0.8) rates")
+        self.traffic_t0 = time.time()  # the simulator replays the same steps from the same instant
         producer.run(steps, stop=self._stop)
         self._stop.set()
 
@@ -245,6 +300,8 @@ class Demo:
         pin(store, self.fixed, time.time() + 3600, note=note)
         self.stream()
         self.autoscale(store)
+        if self._training is not None:
+            self._training.join()  # the fixed-size job runs before its traffic starts
         producer = threading.Thread(target=self.produce, daemon=True)
         watcher = threading.Thread(target=self.watch, daemon=True)
         producer.start()
@@ -256,22 +313,35 @@ class Demo:
         while not self._stop.is_set():
             self.autoscale(store)
         producer.join()
+        if self._training is not None:
+            self._training.join()
         store.set_current_generation("demo-finished", 0)  # every worker sees it, checkpoints and exits
+        for lane in self.lanes.values():
+            lane.close()
         time.sleep(8)
         return self.summarize(time.time() - t_start)
 
     def autoscale(self, store) -> None:
-        """One autoscaler DAG run (until its sensor's decision is due), then the training DAG
-        run of the generation it named, if any."""
+        """One autoscaler DAG run (until its sensor's decision is due); the training DAG run of
+        a generation it named starts beside the next one, as the scheduler runs them, once the
+        training run before it has ended."""
         state = self.dag("kale_autoscaler", {"poll_interval_s": 2, "max_polls": 15})
         cur = store.current()
         last = store.decisions(1)
         if last:
             d = last[-1]
             self.say(f"autoscaler run {state}: {d['workers']} -> {d['target']} ({d['reason']}) {d['message'][:90]}")
-        if cur and cur["assignment"] is None:
-            self.say(f"training generation {cur['generation']} with {cur['workers']} worker(s) (kale_training)")
-            self.say(f"  -> {self.dag('kale_training', {'workers': cur['workers'], 'generation': cur['generation']})}")
+        busy = self._training is not None and self._training.is_alive()
+        if cur and cur["assignment"] is None and cur["generation"] != self._started and not busy:
+            self._started = cur["generation"]
+            self._training = threading.Thread(target=self.train, args=(cur["generation"], cur["workers"]), daemon=True)
+            self._training.start()
+
+    def train(self, generation: str, workers: int) -> None:
+        """The training DAG run of one generation, in the training lane."""
+        self.say(f"training generation {generation} with {workers} worker(s) (kale_training)")
+        state = self.dag("kale_training", {"workers": workers, "generation": generation}, lane="training")
+        self.say(f"  -> kale_training {generation}: {state}")
 
     # ---------------------------------------------------------------- summary
     def summarize(self, wall: float) -> dict:
@@ -315,23 +385,60 @@ class Demo:
         return OnlineThroughput(seen["workers"], seen["rate"], max_workers=self.max_workers).table
 
     def simulated(self) -> dict:
-        """What the simulator predicts for the same trace segment (its own cluster model)."""
-        from kale_airflow.core.simulator import SimConfig, simulate
-        from kale_airflow.core.traffic import BUNDLED_TRACE, load_trace
+        """What the simulator predicts for this deployment on the same traffic
+        (:func:`demo_simulation`), Kale and HPA, in the demo's own units (wall seconds,
+        worker-hours)."""
+        from kale_airflow.config import load_deployment
+        from kale_airflow.control.autoscaler import PAUSES_KEY
+        from kale_airflow.core.simulator import simulate
+        from kale_airflow.metrics.embedded import EmbeddedMetrics
+        from kale_airflow.store import StateStore
 
-        trace = load_trace(BUNDLED_TRACE)
-        start = int(trace.series.index.get_indexer([self.start])[0])
-        hist = 14 * 48
-        seg = trace.window(start - hist, start + len(self.trace_window))
-        cfg = SimConfig(history_days=14, days=len(self.trace_window) / 48)
-        res = simulate(seg, ("kale", "hpa"), cfg)
-        return {name: {k: run.metrics[k] for k in ("rescales", "slo_violation_rate", "mean_wait_s", "gpu_hours")}
-                for name, run in res.runs.items()} | {"trace_hours": len(self.trace_window) / 2}
+        seen = EmbeddedMetrics(self.paths.database_url).throughput_observations()
+        pauses = (StateStore(self.paths.database_url).get_value(PAUSES_KEY) or {}).get("pauses", [])
+        trace, cfg, kale = demo_simulation(self.trace_window, self.traffic_t0, self.step_wall_s, self.peak_rate,
+                                           load_deployment(self.paths), seen, pauses, self.fixed)
+        res = simulate(trace, ("kale", "hpa"), cfg, forecaster_kwargs={"level_window_s": BIN_S}, kale_config=kale,
+                       offline=False)
+        out = {name: {k: run.metrics[k] for k in ("rescales", "slo_violation_rate", "mean_wait_s", "gpu_hours",
+                                                  "max_freshness_lag_s")}
+               | {"workers_path": [run.workers[0].item(), *(e["to"] for e in run.rescale_events)]}
+               for name, run in res.runs.items()}
+        return out | {"trace_hours": len(self.trace_window) * 0.5, "rescale_downtime_s": cfg.rescale_downtime_s,
+                      "cluster": {"per_worker": cfg.cluster.per_worker, "serial_fraction": cfg.cluster.serial_fraction}}
 
     def plot(self, df: pd.DataFrame) -> None:
         from kale_airflow.reporting.plots import plot_demo
 
         plot_demo(df, SLO_S, self.out / "demo.png")
+
+
+def demo_simulation(window: pd.Series, t0: float, step_wall_s: float, peak_rate: float, deployment,
+                    throughput: pd.DataFrame, pauses: list[float], fixed: int) -> tuple[Trace, SimConfig, KaleConfig]:
+    """The simulator's model of the demo's own deployment: the trace ``window`` replayed one
+    step every ``step_wall_s`` from ``t0`` (the instant the producer started, so the bins fall
+    where the autoscaler's fell) and scaled to ``peak_rate``, as the producer replays it; the
+    deployment's limits, SLO, forecast bin, poll interval (the tick) and Kale settings; the
+    rescale pause the autoscaler plans with (``pauses`` measured, the configured one the
+    floor); the ranks' own recorded ``throughput`` as the cluster's truth
+    (:meth:`~kale_airflow.core.cluster.ClusterModel.fitted`), profiled at the counts they
+    were measured at; no history before the traffic; the job started at ``fixed`` workers and
+    pinned there for ``HANDOVER_S``. Returns the trace, the protocol and Kale's settings."""
+    compressed = pd.Series(window.to_numpy(dtype=float), name=window.name,
+                           index=pd.date_range(pd.Timestamp(t0, unit="s"), periods=len(window),
+                                               freq=pd.Timedelta(seconds=step_wall_s)))
+    kale = deployment.kale_config
+    downtime = planned_downtime(kale.rescale_downtime_s, list(pauses), kale.horizon_s / 2)
+    limits = deployment.limits
+    cfg = SimConfig(tick_s=deployment.poll_interval_s, ref_workers=limits.max_workers, min_workers=limits.min_workers,
+                    max_workers=limits.max_workers, partitions=limits.partitions or limits.max_workers,
+                    rescale_downtime_s=downtime, slo_s=deployment.slo_s, history_days=0.0,
+                    cluster=ClusterModel.fitted(throughput["workers"], throughput["rate"]),
+                    profile_workers=tuple(sorted({int(n) for n in throughput["workers"]})), bin_s=deployment.bin_s,
+                    peak_rate=peak_rate, initial_workers=fixed, pinned_s=HANDOVER_S)
+    trace = Trace(f"{window.name or 'trace'} at {step_wall_s:g} s per step", compressed, step_wall_s,
+                  TraceReport(rows_in=len(window)))
+    return trace, cfg, dataclasses.replace(kale, rescale_downtime_s=downtime)
 
 
 def workers_path(decisions: list[dict], until: float = math.inf) -> tuple[list[int], int]:
@@ -456,6 +563,23 @@ def model_settings(config: str | None) -> dict:
     return {k: v for k in ("trainer", "producer") if (v := getattr(dep, k))}
 
 
+def side_by_side(summary: dict, sim: dict) -> str:
+    """The demo's figures next to the simulator's for Kale (and HPA) on the same deployment."""
+    k, h = sim["kale"], sim["hpa"]
+    rows = [("rescales", summary["rescales"], k["rescales"], h["rescales"]),
+            ("worker-hours", f"{summary['worker_hours']:.3f}", f"{k['gpu_hours']:.3f}", f"{h['gpu_hours']:.3f}"),
+            ("mean wait (s)", f"{summary['mean_wait_s']:.1f}", f"{k['mean_wait_s']:.1f}", f"{h['mean_wait_s']:.1f}"),
+            (f"over the {summary['slo_s']} s SLO", _share(summary["slo_violation_rate"]),
+             _share(k["slo_violation_rate"]), _share(h["slo_violation_rate"])),
+            ("peak freshness lag (s)", "-" if summary["max_freshness_s"] is None else f"{summary['max_freshness_s']:.0f}",
+             f"{k['max_freshness_lag_s']:.0f}", f"{h['max_freshness_lag_s']:.0f}"),
+            ("workers", " -> ".join(map(str, summary["workers_path"])), " -> ".join(map(str, k["workers_path"])),
+             " -> ".join(map(str, h["workers_path"])))]
+    head = ("", "demo (Kale)", "simulated Kale", "simulated HPA")
+    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(4)]
+    return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip() for r in [head, *rows])
+
+
 def _share(rate: float | None) -> str:
     return "unknown" if rate is None else f"{rate:.1%}"
 
@@ -476,8 +600,9 @@ def run_demo(out: str, minutes: float, config: str | None = None) -> int:
           f"{summary['fixed_worker_hours']:.3f} of the job left at its first {summary['fixed_workers']}; by the "
           f"final capacity table the peak needs {summary['peak_workers']}), "
           f"up to {summary['max_workers_used']} workers; decisions: {summary['reasons']}")
-    print(f"simulator on the same {sim['trace_hours']:g} trace hours: Kale {sim['kale']['rescales']} rescales, "
-          f"SLO violations {sim['kale']['slo_violation_rate']:.1%}; HPA {sim['hpa']['rescales']} rescales")
+    print(f"\nthe simulator on the same {sim['trace_hours']:g} trace hours of this deployment (its settings, its "
+          f"ranks' measured throughput, a {sim['rescale_downtime_s']:g} s rescale pause):")
+    print(side_by_side(summary, sim))
     print(f"\nplot: {demo.out / 'demo.png'}   summary: {demo.out / 'summary.json'}")
     print(f"Airflow UI:  {airflow_ui_command(demo.airflow_home, demo.kale_home)}")
     print("             then http://localhost:8080 (user admin, password in "

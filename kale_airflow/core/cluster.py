@@ -51,6 +51,27 @@ class ClusterModel:
         if self.ceiling <= 0 or self.comm_quadratic < 0:
             raise ValueError("ceiling must be > 0 and comm_quadratic >= 0")
 
+    @classmethod
+    def fitted(cls, workers, rates) -> "ClusterModel":
+        """The ``amdahl`` cluster closest to measured throughput (``workers[i]`` workers,
+        ``rates[i]`` samples/s): ``1 / c(n) = a / n + b`` by non-negative least squares on
+        relative error, so ``per_worker = 1 / (a + b)`` and ``serial_fraction = b / (a + b)``,
+        with the measurements' relative spread around it as ``noise_sd``. A real job's
+        truth for a simulation of its own deployment (``kale demo``'s prediction)."""
+        from scipy.optimize import nnls
+
+        n = np.asarray(workers, dtype=float)
+        r = np.asarray(rates, dtype=float)
+        if n.size != r.size or np.unique(n).size < 2 or (r <= 0).any() or (n < 1).any():
+            raise ValueError("fitting a cluster needs positive throughput measured at 2 or more worker counts")
+        x = np.stack([1.0 / n, np.ones_like(n)], axis=1) * r[:, None]  # relative error: rows over 1 / r
+        (a, b), _ = nnls(x, np.ones_like(n))
+        if a + b <= 0:
+            raise ValueError("the measurements fit no positive throughput")
+        fit = cls(per_worker=1.0 / (a + b), serial_fraction=b / (a + b), noise_sd=0.0)
+        return cls(per_worker=fit.per_worker, serial_fraction=fit.serial_fraction,
+                   noise_sd=float(np.std(r / fit.capacity(n) - 1.0)))
+
     def capacity(self, n):
         """Mean samples/s of n workers (n may be fractional or an array)."""
         p, s = self.per_worker, self.serial_fraction

@@ -55,6 +55,7 @@ from kale_airflow.core.policies.kale import KaleConfig, KalePolicy
 from kale_airflow.core.sources import OracleForecastSource
 from kale_airflow.core.shards import ShardModel, zipf_shares
 from kale_airflow.core.cluster import ClusterModel
+from kale_airflow.core.fleet import Pin, bounded, bounds_at
 from kale_airflow.core.traffic import Trace
 
 ONLINE_POLICIES = ("kale", "hpa", "keda", "autopilot", "static")
@@ -119,6 +120,14 @@ class SimConfig:
     shard_partitions: int = 128
     shard_assignment: str = "rebalance"
     oracle_resolution_s: float | None = None  # None: the oracle knows every bin of the future
+    # A deployment replayed as it runs (``kale demo``'s prediction): Kale's forecast bin, the
+    # window scaled to a given peak rate (None: the 99th-percentile rule above), and the job
+    # started at a given count (None: what the first tick's traffic needs plus 20 %), pinned
+    # there for ``pinned_s`` (``kale pin``), as when Kale takes over a job that already runs.
+    bin_s: float = 300.0
+    peak_rate: float | None = None
+    initial_workers: int | None = None
+    pinned_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.tick_s <= 0:
@@ -130,6 +139,9 @@ class SimConfig:
             )
         if self.slo_s <= 0 or self.rescale_downtime_s < 0:
             raise SimulationError("slo_s must be > 0 and rescale_downtime_s >= 0")
+        if self.bin_s <= 0 or self.pinned_s < 0 or (self.peak_rate is not None and self.peak_rate <= 0):
+            raise SimulationError(f"bin_s ({self.bin_s}) and peak_rate ({self.peak_rate}) must be > 0 and "
+                                  f"pinned_s ({self.pinned_s}) >= 0")
 
     @property
     def limits(self) -> Limits:
@@ -168,10 +180,6 @@ def build_workload(trace: Trace, cfg: SimConfig) -> Workload:
             "resample the trace or pick a tick that divides its step"
         )
     tps = int(round(ticks_per_step))
-    p99 = float(np.percentile(trace.rates, 99))
-    if p99 <= 0:
-        raise SimulationError(f"trace {trace.name} has a zero 99th-percentile rate; nothing to scale to")
-    scale = cfg.cluster.capacity(cfg.ref_workers) / p99  # samples/s per trace rate unit
     hist_steps = int(round(cfg.history_days * 86400 / trace.step_s))
     if len(trace.series) - hist_steps < 1:
         raise SimulationError(
@@ -181,6 +189,12 @@ def build_workload(trace: Trace, cfg: SimConfig) -> Workload:
     eval_values = trace.values[hist_steps:]
     if cfg.days is not None:
         eval_values = eval_values[: int(round(cfg.days * 86400 / trace.step_s))]
+    top = float(np.percentile(trace.rates, 99)) if cfg.peak_rate is None else float(eval_values.max()) / trace.step_s
+    if top <= 0:
+        raise SimulationError(f"trace {trace.name} has no traffic to scale: its "
+                              f"{'99th-percentile' if cfg.peak_rate is None else 'peak'} rate is 0")
+    # samples/s per trace rate unit
+    scale = (cfg.cluster.capacity(cfg.ref_workers) if cfg.peak_rate is None else cfg.peak_rate) / top
     arrivals = np.repeat(eval_values * scale * cfg.tick_s / trace.step_s, tps)
     history = trace.series.iloc[:hist_steps] * scale / trace.step_s
     start = trace.series.index[hist_steps].value / 1e9
@@ -276,6 +290,7 @@ class _Replay:
         self.noise = noise.tolist()
         self.cap_table = cfg.cluster.capacity_table(cfg.max_workers).tolist()
         self.n = self.held = initial_workers  # workers training; GPUs held (max(old, new) while rescaling)
+        self.pins = (Pin(initial_workers, self.t0 + cfg.pinned_s, "the job Kale takes over"),) if cfg.pinned_s else ()
         self.down_rem = self.backlog = 0.0
         self.cum_arr: list[float] = []
         self.cum_a = self.cum_p = 0.0
@@ -292,6 +307,8 @@ class _Replay:
         s = time.perf_counter()
         d = policy.decide(obs)
         self.decide_ms.append((time.perf_counter() - s) * 1e3)
+        if self.pins:  # as the autoscaler bounds every decision by the job's pin
+            d = bounded(d, bounds_at(self.limits, now, (), self.pins))
         self.apply(d, now)
 
     def observation(self, k: int, now: float) -> Observation:
@@ -461,8 +478,9 @@ def build_policy(name: str, cfg: SimConfig, workload: Workload, forecaster: str 
         cadence = {"refresh_every_s": 900.0 if heavy else None, "retrain_every_s": 86400.0 if heavy else None}
         if name == "kale-rules":
             rcfg = RulesConfig(slo_s=cfg.slo_s, rescale_downtime_s=cfg.rescale_downtime_s)
-            return make_online_rules(limits, model, profile, rcfg, history=workload.history, **cadence)
-        return build_kale(limits, model, profile, kcfg, history=workload.history, **cadence)
+            return make_online_rules(limits, model, profile, rcfg, history=workload.history, bin_s=cfg.bin_s,
+                                     **cadence)
+        return build_kale(limits, model, profile, kcfg, history=workload.history, bin_s=cfg.bin_s, **cadence)
     if name == "hpa":
         return HPAPolicy(limits, HPAConfig(metric_window_s=cfg.hpa_window_s))
     if name == "keda":
@@ -476,7 +494,7 @@ def build_policy(name: str, cfg: SimConfig, workload: Workload, forecaster: str 
         return StaticPolicy(limits.clamp(cfg.cluster.workers_for(peak, limits.upper)))
     if name == "oracle":
         source = OracleForecastSource(workload.start_s, cfg.tick_s, workload.arrivals / cfg.tick_s,
-                                      resolution_s=cfg.oracle_resolution_s)
+                                      bin_s=cfg.bin_s, resolution_s=cfg.oracle_resolution_s)
         capacity = KnownCapacity(cfg.cluster.capacity_table(limits.upper))
         return KalePolicy(limits, source, capacity, kcfg, name="oracle")
     raise SimulationError(f"unknown policy {name!r}; choose from {', '.join(ALL_POLICIES + CANDIDATES + tuple(VARIANTS))}")
@@ -526,7 +544,8 @@ def simulate(trace: Trace, policies=ALL_POLICIES, cfg: SimConfig | None = None, 
     workload = build_workload(trace, cfg)
     rng = np.random.default_rng(cfg.seed)
     noise = np.maximum(0.5, 1 + cfg.cluster.noise_sd * rng.standard_normal(len(workload.arrivals)))
-    initial = cfg.limits.clamp(cfg.cluster.workers_for(workload.arrivals[0] / cfg.tick_s * 1.2, cfg.max_workers))
+    initial = cfg.limits.clamp(cfg.initial_workers if cfg.initial_workers is not None else
+                               cfg.cluster.workers_for(workload.arrivals[0] / cfg.tick_s * 1.2, cfg.max_workers))
     bar = None
     if progress:
         from tqdm import tqdm  # progress bars are a UI concern; tqdm does no I/O beyond stderr

@@ -57,3 +57,56 @@ def test_a_sample_without_a_freshness_reading_is_unobserved_not_a_lag_of_zero():
 def test_a_run_without_any_freshness_reading_has_no_violation_rate():
     figures = freshness_figures(pd.Series([2.0, 2.0]), pd.Series([np.nan, np.nan]), 60)
     assert figures == {"slo_violation_rate": None, "max_freshness_s": None, "unobserved_s": 4.0}
+
+
+DEMO_YAML = {"stream_url": "sqlite:///unused", "min_workers": 1, "max_workers": 6, "partitions": 16,
+             "poll_interval_s": 2, "bin_s": 30, "slo_s": 60, "rescale_downtime_s": 2,
+             "kale": {"horizon_s": 120, "persist_s": 4, "wait_cost": 1.0}}
+
+
+def demo_window(steps: int = 24) -> pd.Series:
+    from kale_airflow.core.traffic import BUNDLED_TRACE, load_trace
+
+    series = load_trace(BUNDLED_TRACE).series
+    start = series.index.get_loc(pd.Timestamp("2014-07-21 21:00"))
+    return series.iloc[start:start + steps]
+
+
+def ranks_measured(per_rank: float = 310.0) -> pd.DataFrame:
+    n = np.repeat([1, 2, 3], 6)
+    return pd.DataFrame({"workers": n, "rate": per_rank * n * (1 + 0.01 * np.sin(np.arange(n.size)))})
+
+
+def test_the_prediction_simulates_the_demos_own_deployment():
+    """Not the protocol's default cluster of 64 workers at a 5-minute SLO: the demo's limits,
+    SLO, poll interval, bin and Kale settings, its ranks' throughput, its measured pause and
+    its pin, on its traffic at its compression and peak."""
+    from kale_airflow.cli.demo import HANDOVER_S, demo_simulation
+    from kale_airflow.config import parse_deployment
+
+    dep = parse_deployment(DEMO_YAML)
+    window = demo_window()
+    trace, cfg, kale = demo_simulation(window, 1_700_000_000.0, 20.0, 800.0, dep, ranks_measured(), [0.4, 6.0, 7.0], 3)
+    assert (cfg.min_workers, cfg.max_workers, cfg.partitions, cfg.slo_s, cfg.tick_s, cfg.bin_s) == (1, 6, 16, 60, 2, 30)
+    assert (cfg.initial_workers, cfg.pinned_s, cfg.peak_rate, cfg.history_days) == (3, HANDOVER_S, 800.0, 0.0)
+    assert cfg.rescale_downtime_s == kale.rescale_downtime_s == 6.0  # the median measured pause, above the floor
+    assert (kale.horizon_s, kale.persist_s, kale.wait_cost, kale.interval_s) == (120, 4, 1.0, 2)
+    assert cfg.cluster.per_worker == pytest.approx(310.0, rel=0.02)
+    assert trace.step_s == 20.0 and len(trace.series) == len(window)
+    assert trace.series.index[0] == pd.Timestamp(1_700_000_000, unit="s")  # bins fall where the demo's fell
+    np.testing.assert_allclose(trace.values, window.to_numpy())
+
+
+def test_the_simulated_demo_pins_then_scales_within_the_demos_limits():
+    from kale_airflow.cli.demo import BIN_S, HANDOVER_S, demo_simulation
+    from kale_airflow.config import parse_deployment
+    from kale_airflow.core.simulator import simulate
+
+    trace, cfg, kale = demo_simulation(demo_window(), 1_700_000_000.0, 20.0, 800.0, parse_deployment(DEMO_YAML),
+                                       ranks_measured(), [], 3)
+    run = simulate(trace, ("kale",), cfg, forecaster_kwargs={"level_window_s": BIN_S}, kale_config=kale,
+                   offline=False).runs["kale"]
+    assert (run.workers[: int(HANDOVER_S / cfg.tick_s)] == 3).all()
+    assert run.rescale_events and run.rescale_events[0]["t"] >= 1_700_000_000.0 + HANDOVER_S
+    assert 1 <= run.workers.min() and run.workers.max() <= 6
+    assert run.metrics["slo_violation_rate"] == 0.0

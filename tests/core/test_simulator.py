@@ -317,3 +317,41 @@ def test_replays_in_several_processes_give_the_same_runs_in_the_given_order(trac
         assert {k: v for k, v in a.metrics.items() if k != "decide_p99_ms"} == \
             {k: v for k, v in b.metrics.items() if k != "decide_p99_ms"}, name
         assert np.array_equal(a.workers, b.workers) and a.rescale_events == b.rescale_events
+
+
+def test_a_pinned_job_keeps_its_count_until_the_pin_ends_and_then_follows_the_policy():
+    """``pinned_s`` holds ``initial_workers`` as ``kale pin`` holds a job Kale takes over: the
+    policy is asked every tick (its decisions are overridden), and its own count applies after."""
+    cfg = replace(CFG, initial_workers=6, pinned_s=60.0)
+    script = Script([2])
+    run = run_policy(script, workload([15_000.0] * 12), cfg, np.ones(12), 6)
+    assert list(run.workers[:4]) == [6, 6, 6, 6] and run.workers[-1] == 2
+    assert len(script.seen) == 12  # consulted while pinned, too
+    (event,) = run.rescale_events
+    assert event["t"] == 60.0 and (event["from"], event["to"]) == (6, 2)
+    assert run.reasons["override"] == 4
+
+
+def test_without_a_pin_the_policy_applies_at_once():
+    run = run_policy(Script([2]), workload([15_000.0] * 4), replace(CFG, initial_workers=6), np.ones(4), 6)
+    assert run.rescale_events[0]["t"] == 0.0
+
+
+def test_a_replayed_window_is_scaled_to_its_peak_rate_and_starts_at_the_given_count(trace):
+    cfg = replace(CFG, peak_rate=5_000.0, initial_workers=7, ref_workers=32)
+    w = build_workload(trace, cfg)
+    assert (w.arrivals / cfg.tick_s).max() == pytest.approx(5_000.0)
+    res = simulate(trace, ("static",), replace(cfg, days=0.5), offline=False)
+    # Static sizes for the peak; the first tick runs the initial count (its move is a rescale).
+    assert res.runs["static"].rescale_events[0]["from"] == 7
+
+
+def test_kale_forecasts_on_the_deployments_bin(trace):
+    policy = build_policy("kale", replace(CFG, bin_s=600.0), build_workload(trace, CFG))
+    assert policy.forecast.bin_s == 600.0
+
+
+@pytest.mark.parametrize("field, value", [("bin_s", 0.0), ("pinned_s", -1.0), ("peak_rate", 0.0)])
+def test_a_replay_setting_out_of_range_is_refused(field, value):
+    with pytest.raises(SimulationError, match=field):
+        SimConfig(**{field: value})

@@ -1,7 +1,8 @@
 """The demo's task logs are in the Airflow UI: ``kale demo`` runs its DAGs with ``dag.test()``
-(tasks in the runner's own process, logs printed only), and its runner writes each task's
-output where the UI reads a task log. Runs the demo's runner on a small DAG, then asks
-Airflow's own API server app for each task's log, as the UI's log view does."""
+in long-lived lanes (tasks in the lane's own process, logs printed only), and the lane writes
+each task's output where the UI reads a task log. Runs a small DAG twice in one of the demo's
+lanes, then asks Airflow's own API server app for each run's task logs, as the UI's log view
+does."""
 
 import json
 import subprocess
@@ -10,7 +11,7 @@ import textwrap
 
 import pytest
 
-from kale_airflow.cli.demo import RUN_DAG
+from kale_airflow.cli.demo import DagLane
 
 DAG = textwrap.dedent('''
     import logging
@@ -48,11 +49,13 @@ client = TestClient(create_app())
 auth = {"Authorization": "Bearer " + get_auth_manager().generate_jwt(SimpleAuthManagerUser(username="admin",
                                                                                           role="admin")),
         "Accept": "application/json"}
-(run,) = client.get("/api/v2/dags/logs_demo/dagRuns", headers=auth).json()["dag_runs"]
+runs = client.get("/api/v2/dags/logs_demo/dagRuns", headers=auth).json()["dag_runs"]
 logs = {}
-for task in ("first", "second"):
-    got = client.get(f"/api/v2/dags/logs_demo/dagRuns/{run['dag_run_id']}/taskInstances/{task}/logs/1", headers=auth)
-    logs[task] = " ".join(line.get("event", "") for line in got.json()["content"])
+for run in runs:
+    for task in ("first", "second"):
+        got = client.get(f"/api/v2/dags/logs_demo/dagRuns/{run['dag_run_id']}/taskInstances/{task}/logs/1",
+                         headers=auth)
+        logs[f"{run['dag_run_id']}/{task}"] = " ".join(line.get("event", "") for line in got.json()["content"])
 print("KALE_LOGS" + json.dumps(logs))
 """
 
@@ -63,16 +66,24 @@ def test_each_task_log_of_a_demo_run_is_served_by_the_ui(airflow_home, tmp_path)
     dags.mkdir()
     (dags / "logs_demo.py").write_text(DAG)
     env = airflow_home.env | {"AIRFLOW__CORE__DAGS_FOLDER": str(dags)}
-    run = subprocess.run([sys.executable, "-c", RUN_DAG, str(dags), "logs_demo", "{}"], env=env,
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert "KALE_STATE success" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
-    # What the tasks wrote still reaches the runner's output (the demo keeps it in dag-logs/).
-    assert "first task printed this" in run.stdout and "second task got 1" in run.stdout
+    lane = DagLane(env, tmp_path, tmp_path / "lane.log", dags=dags)
+    try:
+        states = [lane.run("logs_demo", {"n": 1}), lane.run("logs_demo", {"n": 2})]
+    finally:
+        lane.close()
+    printed = (tmp_path / "lane.log").read_text()
+    assert states == ["success", "success"], printed[-3000:]
+    # What the tasks wrote still reaches the lane's log (the demo keeps it in dag-logs/).
+    assert printed.count("first task printed this") == 2 and printed.count("second task got 1") == 2
     out = subprocess.run([sys.executable, "-c", QUERY], env=env, capture_output=True, text=True, timeout=300,
                          cwd=tmp_path)
     line = next((l for l in out.stdout.splitlines() if l.startswith("KALE_LOGS")), None)
     assert line, out.stdout[-3000:] + out.stderr[-3000:]
     logs = json.loads(line[len("KALE_LOGS"):])
-    assert "first task logged this" in logs["first"] and "first task printed this" in logs["first"]
-    assert "second task got 1" in logs["second"] and "a child process of the second task" in logs["second"]
-    assert "second task" not in logs["first"] and "first task" not in logs["second"]  # one file per task
+    runs = {key.split("/")[0] for key in logs}
+    assert len(runs) == 2  # each run of the lane has its own task logs
+    for run in runs:
+        first, second = logs[f"{run}/first"], logs[f"{run}/second"]
+        assert "first task logged this" in first and "first task printed this" in first
+        assert "second task got 1" in second and "a child process of the second task" in second
+        assert "second task" not in first and "first task" not in second  # one file per task
