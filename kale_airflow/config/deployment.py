@@ -278,9 +278,10 @@ class Deployment(BaseModel):
     worker_batch_size: int = Field(512, ge=1, description="Samples per training step and rank.")
     worker_checkpoint_every_s: float = Field(
         60.0, ge=0, description="At most this many seconds of training between the workers' checkpoints and the stream "
-                                "commits they carry (more often every 50 steps): the autoscaler measures the backlog "
-                                "and the freshness lag from the commits, and a crash replays since the last one; "
-                                "keep it well below `slo_s`. 0: every 50 steps only.")
+                                "commits they carry (more often every 50 steps): a crash replays since the last one. "
+                                "The autoscaler measures the backlog and the freshness lag from the positions the "
+                                "running ranks report about every second, trusted this long, and the commits. "
+                                "0: every 50 steps only.")
     worker_step_time_s: float = Field(0.0, ge=0, description="Emulated accelerator step time per batch, for demos "
                                                              "on CPU (0: no emulation).")
     worker_device: Literal["auto", "cpu", "cuda"] = Field(

@@ -158,7 +158,13 @@ class Autoscaler:
             rate = sum(arrived.values()) / interval
             held = self._held_slices(cur)
             if held:
-                backlog, fresh = stream_backlog(self.stream, self.dep.group, held, now, ends=ends, clock=self.appends)
+                generation, assignment = held
+                # Its ranks report how far they trained; one silent for a checkpoint interval (by
+                # steps only: the SLO) may have crashed, and its slices replay from the commits.
+                trust_s = self.dep.worker_checkpoint_every_s or self.dep.slo_s
+                trained = self.state.trained_positions(generation, now - trust_s)
+                backlog, fresh = stream_backlog(self.stream, self.dep.group, assignment, now, ends=ends,
+                                                clock=self.appends, trained=trained)
         except Exception as exc:  # noqa: BLE001 - a metrics outage must not crash the sensor
             log.warning("stream metrics unavailable (%s): holding, never scaling down", exc)
         if workers:  # the hot path: read only the last two minutes, not the whole history
@@ -173,17 +179,18 @@ class Autoscaler:
         rescaling = bool(cur and cur["created"] and now - cur["created"] < self.planned_downtime_s)
         return Observation(now, workers, rate, backlog, fresh, None, tput, rescaling, self._ready(workers))
 
-    def _held_slices(self, cur: dict | None) -> dict | None:
-        """The assignment whose slices the backlog is measured on: the running generation's,
-        or, between a decision and its rebalance, the latest generation's that has one (its
-        commits are where the decided one starts), so a rescale leaves no gap in the
-        backlog, the freshness lag or their gauges; None before any rebalance."""
+    def _held_slices(self, cur: dict | None) -> tuple[str, dict] | None:
+        """(generation, assignment) whose slices the backlog is measured on: the running
+        generation's, or, between a decision and its rebalance, the latest generation's that
+        has one (its ranks train on until the handover, and its commits are where the decided
+        one starts), so a rescale leaves no gap in the backlog, the freshness lag or their
+        gauges; None before any rebalance."""
         if cur is None:
             return None
         if cur["assignment"]:
-            return cur["assignment"]
+            return cur["generation"], cur["assignment"]
         latest = self.state.latest(ASSIGNMENT)
-        return latest[1]["assignment"] if latest else None
+        return (latest[0], latest[1]["assignment"]) if latest else None
 
     def downtime_s(self, cur: dict | None, *, record: bool = True) -> float:
         """Seconds a rescale actually pauses training, as the policy should plan with it.
@@ -340,10 +347,13 @@ class Autoscaler:
 
 
 def stream_backlog(stream, group: str, assignment: dict, now: float, *, ends: dict[int, int] | None = None,
-                   clock: AppendClock | None = None) -> tuple[float, float]:
-    """(backlog, oldest age) of a job's slices: the samples between each slice's committed
-    position and its partition's end, weighted by the slice's width, and ``now`` minus the
-    append time of the oldest record at a position with samples pending (0 when none is).
+                   clock: AppendClock | None = None, trained: dict[str, int] | None = None) -> tuple[float, float]:
+    """(backlog, oldest age) of a job's slices: the samples between each slice's position
+    and its partition's end, weighted by the slice's width, and ``now`` minus the append
+    time of the oldest record at a position with samples pending (0 when none is). A slice's
+    position is the furthest of its commit and what ``trained`` (by consumer-group suffix)
+    says its rank has trained: commits follow checkpoints, so alone they count samples the
+    model already has.
 
     ``ends``: the end offsets the caller has just read (else read here). A ``clock`` of the
     end offsets observed at earlier pokes dates the pending records it encloses; the others
@@ -355,8 +365,9 @@ def stream_backlog(stream, group: str, assignment: dict, now: float, *, ends: di
     slices = [(f"{group}/{sl.group_suffix}", sl) for _, sl in all_slices(assignment)]
     positions = stream.committed_many([(key, sl.partition) for key, sl in slices])
     backlog, pending, dated = 0.0, [], [now]
+    trained = trained or {}
     for key, sl in slices:
-        pos = positions[(key, sl.partition)]
+        pos = max(positions[(key, sl.partition)], trained.get(sl.group_suffix, 0))
         ahead = ends.get(sl.partition, 0) - pos
         if ahead > 0:
             backlog += ahead * (sl.hi - sl.lo)

@@ -1,7 +1,7 @@
 """A training worker's link to the control-plane database: training never waits on it.
 
-A worker writes heartbeats there (``running`` at start and every report, ``stopped`` after
-its last checkpoint) and, on rank 0, its throughput; rank 0 also reads the current
+A worker writes heartbeats there (``running`` at start and about every second, with how
+far it trained each of its slices; ``stopped`` after its last checkpoint) and, on rank 0, its throughput; rank 0 also reads the current
 generation. None of that is worth a training step: a database restart, a failover or a
 network partition of minutes must neither stop training nor turn into a crash loop. So:
 
@@ -80,7 +80,7 @@ class ControlPlane:
         self.buffer, self.retry_max_s, self.deadline_s, self.background = buffer, retry_max_s, deadline_s, background
         self._lock = threading.Condition()
         self._io = threading.Lock()  # one drain at a time (the thread's, or a flush)
-        self._beats: dict[tuple[str, int], list[tuple[str, float]]] = {}
+        self._beats: dict[tuple[str, int], list[tuple[str, float, dict | None]]] = {}
         self._beaten: set[tuple[str, int]] = set()  # workers with a heartbeat in the database
         self._records: deque = deque()
         self._generation: str | None = None
@@ -221,17 +221,20 @@ class ControlPlane:
         return out
 
     # ------------------------------------------------------- best-effort writes
-    def heartbeat(self, generation: str, worker_id: int, state: str, wait_s: float | None = None) -> bool:
-        """Record a worker's heartbeat; with ``wait_s``, wait up to that long until it (and
+    def heartbeat(self, generation: str, worker_id: int, state: str, wait_s: float | None = None,
+                  positions: dict[str, int] | None = None) -> bool:
+        """Record a worker's heartbeat (with ``positions``: how far it trained each of its
+        slices, by consumer-group suffix); with ``wait_s``, wait up to that long until it (and
         everything before it) is written. True when nothing is left unwritten on return
         (without ``wait_s`` and with the writer thread: False, the thread writes it)."""
         key = (str(generation), int(worker_id))
+        beat = (state, time.time(), positions)
         with self._lock:
             beats = self._beats.setdefault(key, [])
             if beats and (len(beats) == 2 or key in self._beaten):  # the first unwritten one stays
-                beats[-1] = (state, time.time())
+                beats[-1] = beat
             else:
-                beats.append((state, time.time()))
+                beats.append(beat)
         return self.flush(wait_s) if wait_s is not None else self._kick()
 
     def record_throughput(self, ts: float, workers: int, rate: float) -> bool:
@@ -296,7 +299,7 @@ class ControlPlane:
     def _write(self, state, metrics, key, beat, record) -> None:  # pragma: no mutate block
         try:
             if beat is not None and state is not None:
-                state.worker_seen(key[0], key[1], beat[0], now=beat[1])
+                state.worker_seen(key[0], key[1], beat[0], now=beat[1], positions=beat[2])
             elif record is not None and metrics is not None:
                 metrics.write_throughput([record[0]], [record[1]], [record[2]])
         except Exception as exc:

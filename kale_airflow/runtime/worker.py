@@ -128,6 +128,10 @@ STOPPED_WAIT_S = 60.0  # how long the final "stopped" heartbeat (a handover wait
 # timeout, so the ranks that still wait in an all-reduce do not fail first.
 STREAM_OUTAGE_S = 90.0
 GENERATION_POLL_S = 0.25  # how often rank 0 looks for a newer generation while training (one cheap read)
+# How often a training rank's ``running`` heartbeat says how far it trained its slices: the
+# autoscaler measures the backlog from these, not only from the commits (which follow
+# checkpoints, up to ``checkpoint_every_s`` behind).
+POSITIONS_EVERY_S = 1.0
 START_REASON_ENV = "KALE_START_REASON"  # why the supervisor started this process (crash restart, scale-up, ...)
 
 
@@ -668,10 +672,12 @@ class Worker:
         self.link.record_throughput(time.time(), self.world, rate)  # best-effort: never stops training
 
     def _seen(self, state: str, wait_s: float | None = None) -> bool:  # pragma: no mutate block
-        """This rank's heartbeat (best-effort; with ``wait_s``, retried that long): whether it was written."""
+        """This rank's heartbeat (best-effort; with ``wait_s``, retried that long), a ``running``
+        one with the positions its slices were trained to: whether it was written."""
         if self.link is None:
             return True
-        return self.link.heartbeat(self.generation, self.worker_id, state, wait_s=wait_s)
+        trained = {s.group_suffix: int(pos) for s, pos in self.positions.items()} if state == "running" else None
+        return self.link.heartbeat(self.generation, self.worker_id, state, wait_s=wait_s, positions=trained)
 
     def superseded(self, required: bool = False) -> bool:  # pragma: no mutate block
         """True when the control store names another generation as current (during an outage:
@@ -696,7 +702,7 @@ class Worker:
         if stop_next:
             log.info("generation %s superseded: stopping every rank at the first step", self.generation)  # pragma: no mutate
         self._seen("running")
-        last_report = last_poll = time.monotonic()
+        last_report = last_poll = last_seen = time.monotonic()
         reached = idle_exit = False
         while True:
             if max_steps is not None and self.steps - first >= max_steps:
@@ -718,8 +724,10 @@ class Worker:
             now = time.monotonic()
             if now - last_report >= report_every_s:
                 self._report()
-                self._seen("running")
                 last_report = now
+            if now - last_seen >= POSITIONS_EVERY_S:
+                self._seen("running")
+                last_seen = now
             if self.rank == 0 and not stop_next and now - last_poll >= poll_s:
                 last_poll = now
                 stop_next = self._stop_for_newer(await_added_s)
@@ -1021,8 +1029,8 @@ def build_arg_parser() -> argparse.ArgumentParser:  # pragma: no mutate block
     ap.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints (and commits)")
     ap.add_argument("--checkpoint-every-s", type=float, default=float(os.environ.get("KALE_CHECKPOINT_EVERY_S", "60")),
                     help="at most this many seconds of training between checkpoints (and commits), whatever "
-                    "--checkpoint-every says: the autoscaler measures the backlog from the commits, and a crash "
-                    "replays since the last one (default $KALE_CHECKPOINT_EVERY_S, else 60; 0: by steps only)")
+                    "--checkpoint-every says: a crash replays since the last one (the autoscaler measures the "
+                    "backlog from the positions each rank reports about every second; default $KALE_CHECKPOINT_EVERY_S, else 60; 0: by steps only)")
     ap.add_argument("--database-url", help="control-plane database to record throughput into and to read the "
                     "current generation from (local use; default: the KALE_DATABASE_URL environment variable, "
                     "which keeps a password out of process listings and pod specs)")

@@ -167,15 +167,18 @@ class StateStore:
         return {"generation": gen, "workers": row[0], "assignment": json.loads(row[1])["assignment"],
                 "created": row[2]}
 
-    def worker_seen(self, generation: str, worker_id: int, state: str, now: float | None = None) -> None:
-        """A worker's heartbeat: ``running`` (at start and every report) or ``stopped`` (after
-        its final checkpoint). A generation's handover waits on these. The first ``running``
+    def worker_seen(self, generation: str, worker_id: int, state: str, now: float | None = None,
+                    positions: dict[str, int] | None = None) -> None:
+        """A worker's heartbeat: ``running`` (at start and about every second while it trains,
+        with ``positions``: how far it trained each of its slices) or ``stopped`` (after its
+        final checkpoint). A generation's handover waits on these. The first ``running``
         heartbeat is also kept as ``started``: when the worker began training (the measured
         end of a rescale's pause). Writes only (an upsert and an insert-if-absent), so SQLite
         takes its write lock at the first statement instead of upgrading a read lock."""
         now = time.time() if now is None else now
+        rec = {"state": state, "heartbeat": now} | ({"positions": positions} if positions is not None else {})
         with self.db.begin() as c:
-            c.execute(self._upsert(f"worker/{generation}/{worker_id}", json.dumps({"state": state, "heartbeat": now})))
+            c.execute(self._upsert(f"worker/{generation}/{worker_id}", json.dumps(rec)))
             if state == "running":
                 c.execute(self.db.insert(control)
                           .values(job=self.job, key=f"started/{generation}/{worker_id}", value=json.dumps(now))
@@ -206,6 +209,17 @@ class StateStore:
             if rec["state"] == "running":
                 out.append((generation, int(worker), rec))
         return sorted(out)
+
+    def trained_positions(self, generation: str, since: float) -> dict[str, int]:
+        """{slice's consumer-group suffix: position} as far as the ``running`` workers of
+        ``generation`` whose heartbeat is not older than ``since`` reported training it
+        (ahead of the commits, which follow checkpoints)."""
+        out: dict[str, int] = {}
+        for rec in self.workers_seen(generation).values():
+            if rec["state"] == "running" and float(rec["heartbeat"]) >= since:
+                for suffix, pos in (rec.get("positions") or {}).items():
+                    out[suffix] = max(out.get(suffix, 0), int(pos))
+        return out
 
     def current_generation(self) -> str | None:
         """The generation that should be training, if one was named."""

@@ -38,7 +38,7 @@ class FlakyState:
         if self.down:
             raise DOWN
 
-    def worker_seen(self, generation, worker_id, state, now=None):
+    def worker_seen(self, generation, worker_id, state, now=None, positions=None):
         self._check()
         self.writes += 1
         self.beats.append((generation, worker_id, state, now))
