@@ -361,7 +361,10 @@ def demo_run() -> str:
             f"{d['max_freshness_s']:.0f} s; no reading for {d['unobserved_s']:.0f} of {d['observed_s']:.0f} s), a mean "
             f"wait of {d['mean_wait_s']:.1f} s, and "
             f"{d['worker_hours']:.2f} worker-hours, {d['worker_hours'] / d['fixed_worker_hours']:.2f}x the "
-            f"{d['fixed_worker_hours']:.2f} of the job left at its first {d['fixed_workers']} workers.\n")
+            f"{d['fixed_worker_hours']:.2f} of the job left at its first {d['fixed_workers']} workers. The "
+            f"simulator, given the same deployment and traffic, predicted {d['simulator']['kale']['rescales']} "
+            f"rescales ({' -> '.join(map(str, d['simulator']['kale']['workers_path']))}) and "
+            f"{d['simulator']['kale']['gpu_hours']:.2f} worker-hours.\n")
 
 
 # ------------------------------------------------------------------ engine benchmark
