@@ -119,9 +119,16 @@ with tpl. */}}
 {{- $mlflow := include "kale.mlflowUri" . -}}
 # For the official apache-airflow chart 1.18.0 next to kale-airflow {{ .Chart.Version }} (release {{ .Release.Name }}).
 airflowVersion: {{ .Values.airflow.version | quote }}
-# Every Airflow component and KubernetesExecutor task pod runs this image (docker/airflow.Dockerfile).
-defaultAirflowRepository: {{ .Values.images.airflow.repository }}
-defaultAirflowTag: {{ .Values.images.airflow.tag | default .Chart.AppVersion | quote }}
+# Every Airflow component and KubernetesExecutor task pod runs this image (docker/airflow.Dockerfile),
+# named by the defaults and again by images.airflow and images.pod_template, which every copy of the
+# chart honours (repackaged copies default image tags to their appVersion, not defaultAirflowTag).
+{{- $repository := .Values.images.airflow.repository }}
+{{- $tag := .Values.images.airflow.tag | default .Chart.AppVersion | quote }}
+defaultAirflowRepository: {{ $repository }}
+defaultAirflowTag: {{ $tag }}
+images:
+  airflow: {repository: {{ $repository }}, tag: {{ $tag }}}
+  pod_template: {repository: {{ $repository }}, tag: {{ $tag }}}
 {{- with .Values.airflow.metadataSecret }}
 # Airflow's metadata database: your PostgreSQL (Secret {{ . }}, key connection), not the bundled one.
 postgresql:
