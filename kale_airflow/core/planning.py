@@ -28,6 +28,9 @@ Two users, one problem:
   the true arrivals and the true curve over the whole window, from the policies' initial
   count, without a lag price (it minimises GPU-hours subject to the SLO). The gap between
   Kale and it is then forecast error, model error and the lag Kale pays for.
+
+And one problem that prices what Kale prices: :func:`priced_schedule`, the clairvoyant
+optimum of GPU-seconds plus priced lag with the backlog carried from step to step.
 """
 
 from __future__ import annotations
@@ -72,11 +75,13 @@ def cheapest_moves(g: np.ndarray, downtime_s: float) -> tuple[np.ndarray, np.nda
 def cheapest_moves_from(g: np.ndarray, jd: np.ndarray) -> np.ndarray:
     """Backward: for every count ``i`` running now, ``min over m != i of g[m] + (i - m)+ d``
     (``g[m]`` the cost of moving to ``m`` and going on from there; ``jd[m] = m * d``). The
-    planner's inner loop, so without arguments of the minima."""
+    planner's inner loop, so without arguments of the minima. Counts run along the first
+    axis: a 2-D ``g`` holds one column per backlog level (:func:`priced_schedule`)."""
+    jd = jd.reshape((-1,) + (1,) * (g.ndim - 1))
     out = np.full_like(g, INF)  # no larger count above the last, no smaller below the first
-    out[:-1] = np.minimum.accumulate(g[::-1])[::-1][1:]   # up: the new, larger count is held
+    out[:-1] = np.minimum.accumulate(g[::-1], axis=0)[::-1][1:]   # up: the new, larger count is held
     down = np.full_like(g, INF)
-    down[1:] = np.minimum.accumulate(g - jd)[:-1] + jd[1:]  # down: the old count is held
+    down[1:] = np.minimum.accumulate(g - jd, axis=0)[:-1] + jd[1:]  # down: the old count is held
     return np.minimum(out, down)
 
 
@@ -188,14 +193,8 @@ def first_step(capacity: np.ndarray, start: Start, length_s: float, next_rate: f
     pause = np.full(len(c), d)
     if 0 <= start.workers < len(c):
         pause[start.workers] = 0.0
-    queued = b0 + r * pause                               # backlog when training resumes
     run = length_s - pause
-    spare = c - r
-    t_drain = np.full(len(c), INF)
-    np.divide(queued, spare, out=t_drain, where=spare > 0)
-    drained = t_drain <= run
-    end = np.where(drained, 0.0, queued - spare * run)
-    lag = pause * (b0 + queued) / 2.0 + np.where(drained, queued * np.minimum(t_drain, run), run * (queued + end)) / 2.0
+    end, lag, t_drain = fluid_step(c, b0, r, pause, run)
     left = end > 0
     if left.any():
         spare_next = c - next_rate
@@ -209,6 +208,23 @@ def first_step(capacity: np.ndarray, start: Start, length_s: float, next_rate: f
     cost = gpu + prices.lag_price * lag + values
     cost[: prices.min_workers] = INF
     return FirstStep(cost, fresh <= slo_s, fresh, end, pause + t_drain)
+
+
+def fluid_step(capacity, backlog, rate: float, pause, run) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(end, lag, t_drain)`` of a step, first in first out at the fluid level, broadcast over
+    counts (``capacity``) and start backlogs: training pauses for ``pause`` while the backlog
+    grows at ``rate``, then runs for ``run`` at the capacity; ``end`` is the backlog left,
+    ``lag`` its integral (sample-seconds), ``t_drain`` the seconds of the run the queue takes
+    to drain (infinite where the capacity does not exceed the rate)."""
+    queued = backlog + rate * pause                       # backlog when training resumes
+    spare = capacity - rate
+    shape = np.broadcast(queued, spare, run).shape
+    t_drain = np.full(shape, INF)
+    np.divide(queued, spare, out=t_drain, where=spare > 0)
+    drained = t_drain <= run
+    end = np.where(drained, 0.0, queued - spare * run)
+    lag = pause * (backlog + queued) / 2.0 + np.where(drained, queued * np.minimum(t_drain, run), run * (queued + end)) / 2.0
+    return end, lag, t_drain
 
 
 def oldest_age(capacity: np.ndarray, start: Start, pause: np.ndarray, run: np.ndarray) -> np.ndarray:
@@ -259,3 +275,131 @@ def offline_schedule(arrivals: np.ndarray, capacity: np.ndarray, step_s: float, 
             rescales += 1
             state = int(k)
     return float(value[best]), rescales
+
+
+@dataclass(frozen=True)
+class PricedOptimum:
+    """The clairvoyant optimum of Kale's objective (:func:`priced_schedule`): the schedule
+    found, its ``cost`` (GPU-seconds plus ``lag_price`` x ``lag`` sample-seconds), and a
+    ``lower_bound`` no schedule of the problem beats; ``relaxed_steps`` counts the steps
+    where not even the largest count held the SLO (bursts past the curve's peak)."""
+
+    cost: float
+    gpu_s: float
+    lag: float
+    rescales: int
+    lower_bound: float
+    relaxed_steps: int
+
+
+def priced_schedule(arrivals: np.ndarray, capacity: np.ndarray, step_s: float, prices: Prices,
+                    initial_workers: int, levels: int = 24, block: int = 256) -> PricedOptimum:
+    """The cheapest schedule of counts, one per step, for known ``arrivals`` (samples per
+    step, spread evenly over it) at GPU-seconds plus ``prices.lag_price`` per sample-second of
+    lag, from ``initial_workers`` and an empty queue. Unlike :func:`offline_schedule` the
+    backlog is carried from step to step (:func:`fluid_step`): a schedule may fall behind
+    and catch up later at the lag that costs. A step that starts with a rescale pauses for
+    the downtime and holds ``max(old, new)`` GPUs meanwhile. The SLO: at every step's end the
+    oldest unprocessed sample (first in first out, from the cumulative arrivals) is at most
+    ``prices.slo_s`` old, or, where even the largest count after a rescale leaves an older
+    one (a burst past the peak), no older than that.
+
+    A backward dynamic program over (step, count, backlog) on ``levels`` backlog levels per
+    step. No schedule queues less than the largest count run from the start (``least``), so
+    a step's levels are ``least`` plus an excess: 0, then geometric from one second of the
+    mean rate to 1.5 x the samples of the last SLO (more breaks it), each level a fixed
+    fraction above the one below. It runs once with each step's end backlog rounded up to a
+    level and once rounded down. The value is non-decreasing in the backlog (more queued
+    never costs less), so rounding up over-estimates every schedule's cost and rounding down
+    under-estimates it: the rounded-down value is ``lower_bound``. The schedule is then
+    followed forward with the exact backlog, each step choosing the count the rounded-up
+    values rate cheapest: ``cost`` is what that schedule costs, and ``cost - lower_bound``
+    bounds how far it is from the optimum (it shrinks as the levels grow; on the shared
+    traces' 30 days at 24 levels, under 0.5 %). ``block`` steps' stage costs are computed at
+    once (memory against speed).
+    """
+    a = np.asarray(arrivals, dtype=float)
+    steps, counts = len(a), len(capacity)
+    rates = a / step_s
+    d = min(prices.downtime_s, step_s)
+    n = np.arange(counts, dtype=float)
+    allowed = n >= prices.min_workers
+    peak = int(np.flatnonzero(allowed)[np.argmax(capacity[allowed])])
+    cum = np.concatenate([[0.0], np.cumsum(a)])
+    ends = np.arange(1, steps + 1) * step_s
+    # strictly increasing, so that np.interp inverts it (a sample is born where the sum reaches it)
+    cum_x = cum + np.arange(steps + 1) * 1e-9 * max(cum[-1], 1.0) / max(steps, 1)
+    times = np.arange(steps + 1) * step_s
+
+    def age(j, backlog: np.ndarray) -> np.ndarray:
+        """Age at the end of step(s) ``j`` of the oldest of ``backlog`` unprocessed samples."""
+        born = np.interp(cum[j + 1] - backlog, cum_x, times)
+        return np.where(backlog > 0, ends[j] - born, 0.0)
+
+    within = cum[1:] - np.interp(np.maximum(ends - prices.slo_s, 0.0), times, cum)
+    least = np.zeros(steps + 1)  # the largest count's queue from empty: no schedule queues less
+    for j, r in enumerate(rates):
+        least[j + 1] = max(0.0, least[j] + (r - capacity[peak]) * step_s)
+    # Step j's levels: least[j], then least[j] plus a geometric series from one second of the
+    # mean rate to 1.5 x the samples of the last SLO.
+    smallest = max(cum[-1] / max(steps * step_s, 1.0), 1.0)
+    widest = np.concatenate([[0.0], within]) * 1.5 + 2 * smallest
+    ratio = np.log(widest / smallest) / (levels - 2)   # log of each step's ratio between levels
+    powers = np.exp(np.arange(levels - 1)[None, :] * ratio[:, None])
+    jd = n * d
+    gpu = (n * step_s)[None, :, None]
+    blocked = np.where(allowed, 0.0, INF)[None, :, None]
+    rows = np.arange(counts) * levels  # flat index of each count's first level
+
+    def level(end: np.ndarray, j, up: bool) -> np.ndarray:
+        """The level of each end backlog of step(s) ``j`` on the next step's levels, rounded up or down."""
+        x = np.maximum(end - least[j + 1], 0.0) / smallest
+        safe = np.log(np.maximum(x, 1.0)) / ratio[j + 1]
+        k = np.where(x > 1e-12, 1 + np.ceil(safe - 1e-9), 0) if up else np.where(x >= 1 - 1e-12, 1 + np.floor(safe + 1e-9), 0)
+        return np.clip(k, 0, levels - 1).astype(np.int64)
+
+    upper = np.zeros((counts, levels))
+    lower = np.zeros((counts, levels))
+    after = np.empty((steps, counts, levels), dtype=np.float32)  # the rounded-up value after each step
+    for first in range((steps - 1) // block * block, -1, -block):
+        js = np.arange(first, min(first + block, steps))
+        r = rates[js][:, None, None]
+        grid = least[js][:, None, None] + np.concatenate([np.zeros((len(js), 1)), smallest * powers[js]], axis=1)[:, None, :]
+        out = []
+        for pause in (0.0, d):  # staying, moving: per step of the block, count and start level
+            end, lag, _ = fluid_step(capacity[None, :, None], grid, r, pause, step_s - pause)
+            out.append((end, gpu + prices.lag_price * lag + blocked, age(js[:, None, None], end)))
+        limit = np.maximum(prices.slo_s, out[1][2][:, peak, :])[:, None, :]  # the largest count after a rescale
+        (stay_end, stay, stay_age), (move_end, move, move_age) = out
+        stay = np.where(stay_age > limit * (1 + 1e-9) + 1e-9, INF, stay)
+        move = np.where(move_age > limit * (1 + 1e-9) + 1e-9, INF, move)
+        at = {(kind, up): rows[None, :, None] + level(end, js[:, None, None], up) for kind, end in (("stay", stay_end), ("move", move_end)) for up in (True, False)}
+        for i in range(len(js) - 1, -1, -1):
+            after[js[i]] = upper
+            new = []
+            for v, up in ((upper, True), (lower, False)):
+                flat = v.ravel()
+                moved = cheapest_moves_from(move[i] + flat[at["move", up][i]], jd)
+                new.append(np.minimum(stay[i] + flat[at["stay", up][i]], moved))
+            upper, lower = new
+    # Forward, with the exact backlog: each step the count the rounded-up values rate cheapest.
+    start = min(max(initial_workers, 0), counts - 1)
+    m, b = start, 0.0
+    gpu_s = lag_total = 0.0
+    rescales = relaxed = 0
+    for j in range(steps):
+        pause = np.where(n == m, 0.0, d)
+        end, lag, _ = fluid_step(capacity, b, rates[j], pause, step_s - pause)
+        ages = age(j, end)
+        limit = max(prices.slo_s, float(age(j, fluid_step(capacity[peak], b, rates[j], d, step_s - d)[0])))
+        relaxed += limit > prices.slo_s
+        held = n * step_s + np.maximum(m - n, 0.0) * pause
+        ahead = after[j].ravel()[rows + level(end, j, True)]
+        total = np.where(allowed & (ages <= limit * (1 + 1e-9) + 1e-9), held + prices.lag_price * lag + ahead, INF)
+        nxt = int(np.argmin(total))
+        rescales += nxt != m
+        gpu_s += float(held[nxt])
+        lag_total += float(lag[nxt])
+        m, b = nxt, float(end[nxt])
+    return PricedOptimum(gpu_s + prices.lag_price * lag_total, gpu_s, lag_total, rescales,
+                         float(lower[start, 0]), relaxed)

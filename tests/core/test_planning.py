@@ -15,8 +15,10 @@ from kale_airflow.core.planning import (
     cheapest_moves,
     cheapest_moves_from,
     first_step,
+    fluid_step,
     offline_schedule,
     pause_lag,
+    priced_schedule,
     stage_costs,
     values_to_go,
 )
@@ -379,3 +381,78 @@ def test_a_backlog_that_arrived_in_a_burst_ages_while_it_is_worked_off():
                     300.0)
     assert fs.freshness_s[2] == pytest.approx(9000.0 / 190.0)
     assert fs.freshness_s[2] > 30.0  # older than when the step began, though 190/s beats the 100/s arriving now
+
+
+def priced_by_brute_force(arrivals, cap, step, prices, start):
+    """The cheapest schedule of the priced problem by trying every one: the backlog carried
+    exactly from step to step, the SLO checked at each step's end against the birth time of
+    the oldest unprocessed sample (first in first out over the cumulative arrivals)."""
+    rates = [a / step for a in arrivals]
+    cum = np.concatenate([[0.0], np.cumsum(arrivals)])
+    d = min(prices.downtime_s, step)
+    peak = int(np.argmax(cap))
+
+    def age(j, backlog):
+        if backlog <= 1e-9:
+            return 0.0
+        processed = cum[j + 1] - backlog
+        i = max(k for k in range(j + 1) if cum[k] <= processed + 1e-9)
+        born = i * step + (processed - cum[i]) / arrivals[i] * step
+        return (j + 1) * step - born
+
+    def one(cap_m, b, j, pause):
+        end, lag, _ = fluid_step(np.array([cap_m]), b, rates[j], pause, step - pause)
+        return float(end[0]), float(lag[0])
+
+    best = math.inf
+    for schedule in itertools.product(range(prices.min_workers, len(cap)), repeat=len(arrivals)):
+        n, b, cost = start, 0.0, 0.0
+        for j, m in enumerate(schedule):
+            pause = 0.0 if m == n else d
+            end, lag = one(cap[m], b, j, pause)
+            limit = max(prices.slo_s, age(j, one(cap[peak], b, j, d)[0]))
+            if age(j, end) > limit * (1 + 1e-9) + 1e-9:
+                cost = math.inf
+                break
+            cost += m * step + max(n - m, 0) * pause + prices.lag_price * lag
+            n, b = m, end
+        best = min(best, cost)
+    return best
+
+
+PRICED_CASES = {
+    "carry a little": ([150.0, 300.0, 330.0, 120.0, 60.0], 3e-4, 300.0),
+    "burst past the peak": ([150.0, 600.0, 500.0, 100.0, 40.0], 1e-4, 300.0),
+    "cheap lag, loose SLO": ([90.0, 260.0, 260.0, 200.0, 90.0], 2e-5, 900.0),
+    "dear lag": ([90.0, 260.0, 50.0, 270.0, 90.0], 1e-2, 300.0),
+}
+
+
+@pytest.mark.parametrize("rates,price,slo", PRICED_CASES.values(), ids=PRICED_CASES.keys())
+@pytest.mark.parametrize("start", [1, 3])
+def test_priced_schedule_brackets_the_brute_force_optimum(rates, price, slo, start):
+    """Rounding the backlog up and down brackets the true optimum; the schedule followed
+    forward costs what the brute force says such a schedule costs; finer levels close the gap."""
+    arrivals = np.array(rates) * STEP
+    prices = Prices(D, price, 1, slo)
+    truth = priced_by_brute_force(arrivals, CAP, STEP, prices, start)
+    coarse = priced_schedule(arrivals, CAP, STEP, prices, start, levels=6)
+    fine = priced_schedule(arrivals, CAP, STEP, prices, start, levels=400)
+    for found in (coarse, fine):
+        assert found.lower_bound <= truth * (1 + 1e-9) <= found.cost * (1 + 1e-9) + 1e-6
+        assert found.cost == pytest.approx(found.gpu_s + price * found.lag)
+    assert fine.cost - fine.lower_bound <= 0.01 * truth
+    assert fine.cost - fine.lower_bound <= coarse.cost - coarse.lower_bound + 1e-6
+    assert fine.cost == pytest.approx(truth, rel=0.005)
+
+
+def test_priced_schedule_carries_backlog_only_where_lag_is_cheap():
+    """At a negligible price a short peak is ridden out on fewer workers than the GPU-only
+    optimum, which must keep up in every step; at a dear price the backlog is not carried."""
+    arrivals = np.array([100.0, 100.0, 300.0, 100.0, 100.0]) * STEP
+    gpu_only, _ = offline_schedule(arrivals, CAP, STEP, Prices(D, 0.0, 1), 2)
+    cheap = priced_schedule(arrivals, CAP, STEP, Prices(D, 1e-7, 1, 900.0), 2)
+    dear = priced_schedule(arrivals, CAP, STEP, Prices(D, 1.0, 1, 900.0), 2)
+    assert cheap.gpu_s < gpu_only and cheap.lag > 0
+    assert dear.lag < cheap.lag and dear.gpu_s > cheap.gpu_s
+    assert cheap.relaxed_steps == dear.relaxed_steps == 0
