@@ -11,7 +11,8 @@
 - **Metrics.** Accumulated lag ``sum B * tick`` (sample-seconds), mean wait (lag /
   samples), FIFO freshness lag (age of the oldest unprocessed sample) and the share of
   ticks above ``slo_s``, downtime, GPU-hours, rescales; the offline optimum
-  (:func:`offline_optimum`) and the fluid bound.
+  (:func:`offline_optimum`), the priced optimum (:func:`priced_optimum`: each policy's
+  ``priced_cost_gpu_h`` is its cost at the same price) and the fluid bound.
 - **Baselines at their settings**: ``VARIANTS`` pins a baseline's setting under its own
   name (``hpa@60s``); :func:`best_variant` picks the one a comparison should use.
 - **References**: ``oracle`` is clairvoyant Kale (``LABELS``), Kale's logic on the truth.
@@ -50,8 +51,8 @@ from kale_airflow.core.policies import (
     make_online_rules,
 )
 from kale_airflow.core.capacity import KnownCapacity
-from kale_airflow.core.planning import Prices, offline_schedule
-from kale_airflow.core.policies.kale import KaleConfig, KalePolicy
+from kale_airflow.core.planning import Prices, offline_schedule, priced_schedule
+from kale_airflow.core.policies.kale import MIN_RATE, KaleConfig, KalePolicy
 from kale_airflow.core.sources import OracleForecastSource
 from kale_airflow.core.shards import ShardModel, zipf_shares
 from kale_airflow.core.cluster import ClusterModel
@@ -236,6 +237,14 @@ def fluid_gpu_hours(arrivals: np.ndarray, cfg: SimConfig) -> float:
     return float(n.sum() * cfg.tick_s / 3600.0)
 
 
+def offline_steps(arrivals: np.ndarray, cfg: SimConfig) -> tuple[np.ndarray, float]:
+    """The arrivals summed per step of the optima (``cfg.offline_step_s``, a whole number of
+    ticks, the last step padded), and that step in seconds."""
+    per = max(1, int(round(cfg.offline_step_s / cfg.tick_s)))
+    pad = (-len(arrivals)) % per
+    return np.concatenate([arrivals, np.zeros(pad)]).reshape(-1, per).sum(axis=1), per * cfg.tick_s
+
+
 def offline_optimum(arrivals: np.ndarray, cfg: SimConfig, initial_workers: int) -> dict:
     """The offline optimum: a dynamic program over the worker count of each coarse step
     (``cfg.offline_step_s``, 5 min = the default SLO) that knows the true arrivals and the
@@ -253,15 +262,37 @@ def offline_optimum(arrivals: np.ndarray, cfg: SimConfig, initial_workers: int) 
     It is the optimum of this discretized problem, not a strict bound: a policy may beat
     it by carrying backlog across steps within the SLO or rescaling inside a step.
     """
-    step = cfg.offline_step_s
-    per = max(1, int(round(step / cfg.tick_s)))
-    step = per * cfg.tick_s
-    pad = (-len(arrivals)) % per
-    a = np.concatenate([arrivals, np.zeros(pad)]).reshape(-1, per).sum(axis=1)
+    a, step = offline_steps(arrivals, cfg)
     cap = cfg.cluster.capacity_table(cfg.limits.upper)
     start = min(max(initial_workers, cfg.min_workers), cfg.limits.upper)
     gpu_s, rescales = offline_schedule(a, cap, step, Prices(cfg.rescale_downtime_s, 0.0, cfg.min_workers), start)
     return {"gpu_hours": gpu_s / 3600.0, "rescales": rescales, "step_s": step}
+
+
+def lag_price(arrivals: np.ndarray, cfg: SimConfig, wait_cost: float) -> float:
+    """GPU-seconds per sample-second of lag at ``wait_cost`` workers per second of mean wait:
+    Kale's planner price (:class:`~kale_airflow.core.policies.kale.KaleConfig`) at the
+    window's mean rate, so that a run's priced cost is GPU-hours plus ``wait_cost`` x its
+    mean wait x the window's hours."""
+    return wait_cost / max(MIN_RATE, float(np.sum(arrivals)) / (len(arrivals) * cfg.tick_s))
+
+
+def priced_optimum(arrivals: np.ndarray, cfg: SimConfig, initial_workers: int, wait_cost: float) -> dict:
+    """The clairvoyant optimum of what Kale minimises (:func:`~kale_airflow.core.planning.priced_schedule`):
+    GPU-hours plus lag at :func:`lag_price`, the backlog carried across the
+    ``cfg.offline_step_s`` steps, the SLO held at each step's end (or, in bursts past the
+    curve's peak, kept to what the largest count leaves), the true arrivals and mean
+    curve, the rescale downtime paid. ``cost_gpu_h`` is its schedule's cost and
+    ``lower_bound_gpu_h`` one no schedule of the problem beats."""
+    a, step = offline_steps(arrivals, cfg)
+    price = lag_price(arrivals, cfg, wait_cost)
+    start = min(max(initial_workers, cfg.min_workers), cfg.limits.upper)
+    found = priced_schedule(a, cfg.cluster.capacity_table(cfg.limits.upper), step,
+                            Prices(cfg.rescale_downtime_s, price, cfg.min_workers, cfg.slo_s), start)
+    return {"wait_cost": wait_cost, "lag_price": price, "cost_gpu_h": found.cost / 3600.0,
+            "lower_bound_gpu_h": found.lower_bound / 3600.0, "gpu_hours": found.gpu_s / 3600.0,
+            "accumulated_lag": found.lag, "rescales": found.rescales, "over_slo_steps": found.over_slo_steps,
+            "step_s": step}
 
 
 def fifo_freshness(cum_arrivals: list[float], arrivals: list[float], cum_processed: float, t0: float,
@@ -433,9 +464,15 @@ class SimulationResult:
     forecaster: str
     wall_s: float
     offline: dict = field(default_factory=dict)
+    priced: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         """The JSON document of ``kale simulate --json``."""
+        price = self.priced.get("lag_price")
+
+        def priced(m: dict) -> dict:
+            return {"priced_cost_gpu_h": m["gpu_hours"] + price * m["accumulated_lag"] / 3600.0} if price else {}
+
         return {
             "trace": self.trace,
             "forecaster": self.forecaster,
@@ -446,11 +483,13 @@ class SimulationResult:
                 "total_samples": float(self.workload.arrivals.sum()),
                 "scale_samples_per_unit": self.workload.scale,
             },
-            "policies": {name: run.metrics | {"reasons": run.reasons} for name, run in self.runs.items()},
+            "policies": {name: run.metrics | priced(run.metrics) | {"reasons": run.reasons}
+                         for name, run in self.runs.items()},
             "limits": {"fluid_gpu_hours": self.fluid_gpu_hours,
                        "offline_optimal_gpu_hours": self.offline.get("gpu_hours"),
                        "offline_optimal_rescales": self.offline.get("rescales"),
-                       "offline_step_s": self.offline.get("step_s")},
+                       "offline_step_s": self.offline.get("step_s"),
+                       "priced_optimum": self.priced or None},
             "labels": {name: LABELS.get(name, name) for name in self.runs},
             "wall_s": self.wall_s,
         }
@@ -512,32 +551,37 @@ def _replay_named(name: str, cfg: SimConfig, workload: Workload, noise: np.ndarr
 
 
 def _replay_all(names, jobs: int, bar, args: tuple, offline: bool) -> tuple[dict[str, PolicyRun], dict]:
-    """Replay every policy, and solve the offline optimum if ``offline``, in ``jobs`` forked
-    processes when there is more than one (the replays are independent and deterministic: the
-    same runs, sooner on several cores)."""
+    """Replay every policy, and solve the offline and the priced optimum if ``offline``
+    (``{"offline": ..., "priced": ...}``), in ``jobs`` forked processes when there is more than
+    one (the replays are independent and deterministic: the same runs, sooner on several cores)."""
     cfg, workload, _, initial = args[:4]
+    wait_cost = (args[6] or KaleConfig()).wait_cost
+    references = {"offline": (offline_optimum, (workload.arrivals, cfg, initial)),
+                  "priced": (priced_optimum, (workload.arrivals, cfg, initial, wait_cost))} if offline else {}
     if jobs <= 1 or len(names) <= 1:
         runs = {name: _replay_named(name, *args, progress=bar) for name in names}
-        return runs, offline_optimum(workload.arrivals, cfg, initial) if offline else {}
+        return runs, {key: fn(*fargs) for key, (fn, fargs) in references.items()}
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
     with ProcessPoolExecutor(min(jobs, len(names)), mp_context=get_context("fork")) as pool:
-        # Kale's replays are the longest: submitted first, the others (and the optimum) fill in beside them.
-        slow_first = sorted(names, key=lambda n: n.split("@")[0] not in ("kale", "oracle", "kale-rules"))
-        futures = {name: pool.submit(_replay_named, name, *args) for name in slow_first}
-        optimum = pool.submit(offline_optimum, workload.arrivals, cfg, initial) if offline else None
+        # Longest first: Kale's replays, then the optima, then the rest fill in beside them.
+        slow = [n for n in names if n.split("@")[0] in ("kale", "oracle", "kale-rules")]
+        futures = {name: pool.submit(_replay_named, name, *args) for name in slow}
+        optima = {key: pool.submit(fn, *fargs) for key, (fn, fargs) in references.items()}
+        futures |= {name: pool.submit(_replay_named, name, *args) for name in names if name not in futures}
         for future in futures.values():
             if bar is not None:
                 future.add_done_callback(lambda f: bar.update(len(f.result().backlog)))
-        return {name: futures[name].result() for name in names}, optimum.result() if offline else {}
+        return {name: futures[name].result() for name in names}, {key: f.result() for key, f in optima.items()}
 
 
 def simulate(trace: Trace, policies=ALL_POLICIES, cfg: SimConfig | None = None, forecaster: str = "seasonal",
              forecaster_kwargs: dict | None = None, progress: bool = False,
              kale_config: KaleConfig | None = None, offline: bool = True, jobs: int = 1) -> SimulationResult:
     """Run the protocol for several policies (names of ``ALL_POLICIES`` or ``VARIANTS``) on
-    one trace; ``offline`` adds the offline optimum to the limits; ``jobs`` > 1 replays the
+    one trace; ``offline`` adds the offline and the priced optimum to the limits (the latter at
+    ``kale_config``'s ``wait_cost``); ``jobs`` > 1 replays the
     policies in that many forked processes (same results)."""
     cfg = cfg or SimConfig()
     started = time.perf_counter()
@@ -555,11 +599,11 @@ def simulate(trace: Trace, policies=ALL_POLICIES, cfg: SimConfig | None = None, 
     # One BLAS thread: the replays' small matrix products gain nothing from more, and idle
     # OpenBLAS threads spin on the cores the other replays need (twice the CPU time).
     with threadpool_limits(limits=1, user_api="blas"):
-        runs, offline = _replay_all(tuple(policies), jobs, bar, args, offline)
+        runs, optima = _replay_all(tuple(policies), jobs, bar, args, offline)
     if bar is not None:
         bar.close()
     return SimulationResult(trace.name, cfg, workload, runs, fluid_gpu_hours(workload.arrivals, cfg), forecaster,
-                            time.perf_counter() - started, offline)
+                            time.perf_counter() - started, optima.get("offline", {}), optima.get("priced", {}))
 
 
 def best_variant(policies: dict, base: str, slo_rate: float, slack: float = 0.01) -> str | None:

@@ -378,8 +378,8 @@ def engine_table(report: dict | None = None) -> str:
     ``benchmarks/results/engine.json``."""
     report = report or _engine()
     head = ("| trace, cluster, window (days) | lag / best HPA | downtime / best HPA | Kale SLO viol. "
-            "(clairvoyant) | GPU-h / best Autopilot (its SLO viol.) | GPU-h / clairvoyant | GPU-h / offline opt. "
-            "| rescales / day | targets met |")
+            "(clairvoyant) | GPU-h / best Autopilot (its SLO viol.) | GPU-h / clairvoyant | cost / priced opt. "
+            "| GPU-h / offline opt. | rescales / day | targets met |")
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for key, doc in report["runs"].items():
         trace, cluster, window = key.split("|")
@@ -397,7 +397,9 @@ def engine_table(report: dict | None = None) -> str:
             f"| {lag_txt} `{best['hpa']}` | {k['downtime_s'] / h['downtime_s']:.3f} "
             f"| {k['slo_violation_rate'] * PT:.2f} % ({c['slo_violation_rate'] * PT:.2f} %) "
             f"| {k['gpu_hours'] / a['gpu_hours']:.3f} `{best['autopilot']}` ({a['slo_violation_rate'] * PT:.2f} %) "
-            f"| {k['gpu_hours'] / c['gpu_hours']:.3f} | {k['gpu_hours'] / doc['limits']['offline_optimal_gpu_hours']:.3f} "
+            f"| {k['gpu_hours'] / c['gpu_hours']:.3f} "
+            f"| {k['priced_cost_gpu_h'] / doc['limits']['priced_optimum']['cost_gpu_h']:.3f} "
+            f"| {k['gpu_hours'] / doc['limits']['offline_optimal_gpu_hours']:.3f} "
             f"| {k['rescales'] / days:.0f} | {sum(ch['pass'] for ch in checks)}/{len(checks)} |")
     return "\n".join(lines)
 
@@ -470,6 +472,10 @@ def _miss_kind(check: dict) -> str:
     name = check["name"]
     if "offline optimum" in name:
         return "GPU-hours against the offline optimum"
+    if "priced optimum" in name:
+        return "cost (GPU-hours plus priced wait) against the priced optimum"
+    if "clairvoyant Kale GPU-hours" in name:
+        return "GPU-hours against clairvoyant Kale at the same tunables"
     if "(points)" in name:
         return "SLO violations above the best Autopilot's"
     if "GPU-hours" in name:
@@ -485,6 +491,8 @@ def engine_summary(report: dict | None = None) -> str:
     runs = report["runs"]
     checks = [c for d in runs.values() for c in d["checks"]]
     off = [d["policies"]["kale"]["gpu_hours"] / d["limits"]["offline_optimal_gpu_hours"] for d in runs.values()]
+    priced = [d["policies"]["kale"]["priced_cost_gpu_h"] / d["limits"]["priced_optimum"]["cost_gpu_h"]
+              for d in runs.values()]
     rules = [d["policies"]["kale-rules"]["gpu_hours"] / d["limits"]["offline_optimal_gpu_hours"] for d in runs.values()]
     per_day = [d["policies"]["kale"]["rescales"] / d["evaluation"]["days"] for d in runs.values()]
     misses: dict[tuple[str, str], list] = {}
@@ -493,9 +501,10 @@ def engine_summary(report: dict | None = None) -> str:
             if not c["pass"]:
                 misses.setdefault((NAMES.get(key.split("|")[0], key.split("|")[0]), _miss_kind(c)), []).append(c)
     lines = [f"On the {len(runs)} reported rows (4 traces x 3 clusters x whole and second half) Kale met "
-             f"{sum(c['pass'] for c in checks)} of {len(checks)} targets. It used {min(off):.2f}-{max(off):.2f}x the "
-             f"offline optimum's GPU-hours (the rules it replaced: {min(rules):.2f}-{max(rules):.2f}x) at "
-             f"{min(per_day):.0f}-{max(per_day):.0f} rescales a day."]
+             f"{sum(c['pass'] for c in checks)} of {len(checks)} targets. Its cost (GPU-hours plus `wait_cost` x "
+             f"mean wait x hours) was {min(priced):.2f}-{max(priced):.2f}x the priced optimum's; it used "
+             f"{min(off):.2f}-{max(off):.2f}x the GPU-only offline optimum's GPU-hours (the rules it replaced: "
+             f"{min(rules):.2f}-{max(rules):.2f}x) at {min(per_day):.0f}-{max(per_day):.0f} rescales a day."]
     for (trace, kind), cs in misses.items():
         values = [c["value"] for c in cs]
         lines.append(f"Missed on {trace}: {kind} on {len(cs)} row(s), {min(values):.3g}-{max(values):.3g} "

@@ -126,6 +126,38 @@ def _ratio_bars(ax, result, names: list[str]) -> None:
     ax.set_title(f"{result.trace}: ratios ({result.forecaster} forecaster)", fontsize=9)
 
 
+def plot_frontier(report: dict):
+    """GPU-hours against mean wait over a sweep of ``wait_cost`` (``benchmarks/engine.py``'s
+    ``frontier``): Kale, clairvoyant Kale and the priced optimum, one panel per trace, the
+    chosen ``wait_cost`` marked."""
+    plt = _pyplot()
+    traces = list(report["frontier"])
+    fig, axes = plt.subplots(1, len(traces), figsize=(4.2 * len(traces), 3.8), squeeze=False)
+    for ax, trace in zip(axes[0], traces):
+        points = sorted(report["frontier"][trace], key=lambda q: q["wait_cost"])
+        series = {"Kale": [(q["kale"]["mean_wait_s"], q["kale"]["gpu_hours"]) for q in points],
+                  "clairvoyant Kale": [(q["oracle"]["mean_wait_s"], q["oracle"]["gpu_hours"]) for q in points],
+                  "priced optimum": [(q["priced_optimum"]["accumulated_lag"] / q["total_samples"],
+                                      q["priced_optimum"]["gpu_hours"]) for q in points]}
+        for (label, xy), color, marker in zip(series.items(), ("tab:blue", "black", "tab:green"), "os^"):
+            ax.plot(*zip(*xy), marker=marker, color=color, label=label, lw=1, ms=4)
+            for q, (x, y) in zip(points, xy):
+                if q["chosen"]:
+                    ax.plot(x, y, marker="*", color=color, ms=14, mfc="none", mew=1.5)
+                if label == "Kale":
+                    ax.annotate(f"{q['wait_cost']:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())
+        ax.set_title(trace, fontsize=9)
+        ax.set_xlabel("mean wait (s)")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("GPU-hours (first half)")
+    axes[0][0].legend(fontsize=7, loc="lower left")
+    fig.suptitle("wait_cost sweep on the first halves (numbers: wait_cost; star: the chosen one)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def plot_backtest(result, path: str | Path, title: str = "") -> Path:
     """Actual traffic against the forecast made ``horizon`` steps earlier, with the quantile band."""
     plt = _pyplot()

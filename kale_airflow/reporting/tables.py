@@ -36,6 +36,12 @@ def format_table(doc: dict) -> str:
         lines.append(f"offline optimum (DP over worker counts per {limits.get('offline_step_s', 300):g}s step, true "
                      f"arrivals and curve, rescale downtime, SLO held): {offline:.0f} GPU-h, "
                      f"{limits.get('offline_optimal_rescales', 0)} rescales")
+    priced = limits.get("priced_optimum")
+    if priced:
+        lines.append(f"priced optimum (GPU-h plus wait_cost {priced['wait_cost']:g} x mean wait x hours, backlog carried, "
+                     f"true arrivals and curve, SLO held): {priced['cost_gpu_h']:.0f} GPU-h of cost "
+                     f"({priced['gpu_hours']:.0f} GPU-h, {priced['rescales']} rescales; none below "
+                     f"{priced['lower_bound_gpu_h']:.0f})")
     lines.append(f"fluid bound (exactly enough fractional workers, free rescales): {fluid:.0f} GPU-h")
     if "kale" in pols:
         k = pols["kale"]
@@ -44,6 +50,8 @@ def format_table(doc: dict) -> str:
             parts.append(f"kale / clairvoyant Kale GPU-h: {k['gpu_hours'] / pols['oracle']['gpu_hours']:.3f}")
         if offline:
             parts.append(f"kale / offline optimum: {k['gpu_hours'] / offline:.3f}")
+        if priced:
+            parts.append(f"kale / priced optimum cost: {k['priced_cost_gpu_h'] / priced['cost_gpu_h']:.3f}")
         parts.append(f"kale / fluid bound: {k['gpu_hours'] / fluid:.3f}")
         lines.append("; ".join(parts))
     return "\n".join(lines)

@@ -455,4 +455,4 @@ def test_priced_schedule_carries_backlog_only_where_lag_is_cheap():
     dear = priced_schedule(arrivals, CAP, STEP, Prices(D, 1.0, 1, 900.0), 2)
     assert cheap.gpu_s < gpu_only and cheap.lag > 0
     assert dear.lag < cheap.lag and dear.gpu_s > cheap.gpu_s
-    assert cheap.relaxed_steps == dear.relaxed_steps == 0
+    assert cheap.over_slo_steps == dear.over_slo_steps == 0

@@ -7,11 +7,13 @@ import pandas as pd
 import pytest
 
 from kale_airflow.core.policies import Decision, Reason, StaticPolicy
+from kale_airflow.core.policies.kale import KaleConfig
 from kale_airflow.core.simulator import (
     ALL_POLICIES,
     VARIANTS,
     best_variant,
     offline_optimum,
+    priced_optimum,
     SimConfig,
     SimulationError,
     Workload,
@@ -355,3 +357,29 @@ def test_kale_forecasts_on_the_deployments_bin(trace):
 def test_a_replay_setting_out_of_range_is_refused(field, value):
     with pytest.raises(SimulationError, match=field):
         SimConfig(**{field: value})
+
+
+def test_every_policy_is_priced_at_wait_cost_workers_per_second_of_mean_wait(trace):
+    """A run's priced cost is its GPU-hours plus wait_cost x its mean wait x the window's
+    hours (the planner's price at the window's mean rate), and the priced optimum's
+    bracket holds its own schedule's cost."""
+    doc = simulate(trace, ("kale", "static"), CFG, kale_config=KaleConfig(wait_cost=2.5)).to_dict()
+    hours = doc["evaluation"]["days"] * 24
+    priced = doc["limits"]["priced_optimum"]
+    assert priced["wait_cost"] == 2.5
+    for m in doc["policies"].values():
+        assert m["priced_cost_gpu_h"] == pytest.approx(m["gpu_hours"] + 2.5 * m["mean_wait_s"] * hours)
+    assert priced["lower_bound_gpu_h"] <= priced["cost_gpu_h"] <= doc["policies"]["static"]["priced_cost_gpu_h"]
+    assert priced["cost_gpu_h"] == pytest.approx(priced["gpu_hours"] + priced["lag_price"] * priced["accumulated_lag"] / 3600)
+
+
+def test_priced_optimum_carries_backlog_where_wait_is_cheap_and_not_where_it_is_dear():
+    """Cheap wait: the priced optimum lets a backlog build on fewer GPU-hours than the
+    GPU-only optimum, which keeps up in every step; dear wait: it keeps up too."""
+    cfg = replace(CFG, cluster=ClusterModel(per_worker=1000, serial_fraction=0.0, noise_sd=0.0), slo_s=900.0)
+    arrivals = np.r_[np.full(120, 3000.0 * 15), np.full(20, 6000.0 * 15), np.full(120, 3000.0 * 15)]
+    off = offline_optimum(arrivals, cfg, 3)
+    cheap = priced_optimum(arrivals, cfg, 3, wait_cost=0.01)
+    dear = priced_optimum(arrivals, cfg, 3, wait_cost=100.0)
+    assert cheap["gpu_hours"] < off["gpu_hours"] <= dear["gpu_hours"] + 1e-9
+    assert cheap["accumulated_lag"] > 10 * dear["accumulated_lag"]
