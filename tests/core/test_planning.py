@@ -456,3 +456,27 @@ def test_priced_schedule_carries_backlog_only_where_lag_is_cheap():
     assert cheap.gpu_s < gpu_only and cheap.lag > 0
     assert dear.lag < cheap.lag and dear.gpu_s > cheap.gpu_s
     assert cheap.over_slo_steps == dear.over_slo_steps == 0
+
+
+def test_priced_schedule_with_one_count_allowed_follows_the_backlog_and_counts_the_steps_over_the_slo():
+    """With only the largest count allowed the schedule is forced: its GPU-seconds, lag and
+    steps over the SLO are those of that count's queue, each end's oldest sample dated on the
+    cumulative arrivals (a burst past the peak: one step ends over the 300 s SLO)."""
+    rates = np.array([150.0, 600.0, 500.0, 100.0, 40.0])
+    found = priced_schedule(rates * STEP, CAP, STEP, Prices(D, 1e-4, 4, 300.0), 4)
+    cum = np.concatenate([[0.0], np.cumsum(rates * STEP)])
+    b, lag, over = 0.0, 0.0, 0
+    for j, r in enumerate(rates):
+        q = b + (r - CAP[4]) * STEP
+        lag += (b + max(q, 0.0)) / 2 * STEP if q >= 0 else b * (b / (CAP[4] - r)) / 2
+        b = max(q, 0.0)
+        if b > 0:
+            processed = cum[j + 1] - b
+            i = int(np.searchsorted(cum, processed, side="right")) - 1
+            born = (i + (processed - cum[i]) / (cum[i + 1] - cum[i])) * STEP
+            over += (j + 1) * STEP - born > 300.0
+    assert (found.rescales, found.gpu_s) == (0, 4 * STEP * len(rates))
+    assert found.lag == pytest.approx(lag)
+    assert found.over_slo_steps == over, (found.over_slo_steps, over)
+    assert over == 1  # the step after the burst: its oldest sample is 348 s old
+    assert found.cost == pytest.approx(found.gpu_s + 1e-4 * lag)
