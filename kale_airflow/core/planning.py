@@ -305,6 +305,49 @@ class PricedOptimum:
     over_slo_steps: int
 
 
+class _Levels:
+    """The backlog levels of :func:`priced_schedule` for known ``arrivals`` (samples per step),
+    and the age of the oldest unprocessed sample, first in first out, from their cumulative
+    sum. No schedule queues less than the ``peak`` count run from the start (``least``), so
+    step ``j``'s levels are ``least[j]``, then ``least[j]`` plus a geometric series from one
+    second of the mean rate (``smallest``) to 1.5 x the samples of the last SLO."""
+
+    def __init__(self, arrivals: np.ndarray, peak_capacity: float, step_s: float, slo_s: float, count: int):
+        steps = len(arrivals)
+        self.count, self.step_s = count, step_s
+        self.cum = np.concatenate([[0.0], np.cumsum(arrivals)])
+        self.ends = np.arange(1, steps + 1) * step_s
+        self.times = np.arange(steps + 1) * step_s
+        # strictly increasing, so that np.interp inverts it (a sample is born where the sum reaches it)
+        self.cum_x = self.cum + np.arange(steps + 1) * 1e-9 * max(self.cum[-1], 1.0) / max(steps, 1)
+        within = self.cum[1:] - np.interp(np.maximum(self.ends - slo_s, 0.0), self.times, self.cum)
+        self.least = np.zeros(steps + 1)
+        for j, a in enumerate(arrivals):
+            self.least[j + 1] = max(0.0, self.least[j] + a - peak_capacity * step_s)
+        self.smallest = max(self.cum[-1] / max(steps * step_s, 1.0), 1.0)
+        widest = np.concatenate([[0.0], within]) * 1.5 + 2 * self.smallest
+        self.ratio = np.log(widest / self.smallest) / (count - 2)   # log of each step's ratio between levels
+        self.powers = np.exp(np.arange(count - 1)[None, :] * self.ratio[:, None])
+
+    def age(self, j, backlog: np.ndarray) -> np.ndarray:
+        """Age at the end of step(s) ``j`` of the oldest of ``backlog`` unprocessed samples."""
+        born = np.interp(self.cum[j + 1] - backlog, self.cum_x, self.times)
+        return np.where(backlog > 0, self.ends[j] - born, 0.0)
+
+    def grid(self, js: np.ndarray) -> np.ndarray:
+        """The levels of steps ``js``, shape ``(len(js), count)``."""
+        return self.least[js][:, None] + np.concatenate([np.zeros((len(js), 1)), self.smallest * self.powers[js]], axis=1)
+
+    def around(self, end: np.ndarray, j) -> tuple[np.ndarray, np.ndarray]:
+        """The levels just above and just below each end backlog of step(s) ``j`` on the next
+        step's levels."""
+        x = np.maximum(end - self.least[j + 1], 0.0) / self.smallest
+        safe = np.log(np.maximum(x, 1.0)) / self.ratio[j + 1]
+        up = np.where(x > 1e-12, 1 + np.ceil(safe - 1e-9), 0)
+        down = np.where(x >= 1 - 1e-12, 1 + np.floor(safe + 1e-9), 0)
+        return tuple(np.clip(k, 0, self.count - 1).astype(np.int64) for k in (up, down))
+
+
 def priced_schedule(arrivals: np.ndarray, capacity: np.ndarray, step_s: float, prices: Prices,
                     initial_workers: int, levels: int = 16, block: int = 256) -> PricedOptimum:
     """The cheapest schedule of counts, one per step, for known ``arrivals`` (samples per
@@ -318,99 +361,82 @@ def priced_schedule(arrivals: np.ndarray, capacity: np.ndarray, step_s: float, p
     one (a burst past the peak), no older than that.
 
     A backward dynamic program over (step, count, backlog) on ``levels`` backlog levels per
-    step. No schedule queues less than the largest count run from the start (``least``), so
-    a step's levels are ``least`` plus an excess: 0, then geometric from one second of the
-    mean rate to 1.5 x the samples of the last SLO (more breaks it), each level a fixed
-    fraction above the one below. It runs once with each step's end backlog rounded up to a
+    step (:class:`_Levels`: 0 above the least queue, then geometric, each level a fixed
+    fraction above the one below). It runs once with each step's end backlog rounded up to a
     level and once rounded down. The value is non-decreasing in the backlog (more queued
     never costs less), so rounding up over-estimates every schedule's cost and rounding down
     under-estimates it: the rounded-down value is ``lower_bound``. The schedule is then
     followed forward with the exact backlog, each step taking the count the rounded-up
-    values chose at the level just above it: ``cost`` is what that schedule costs, and ``cost - lower_bound``
-    bounds how far it is from the optimum (it shrinks as the levels grow; on the shared
-    traces' 30 days at 16 levels, under 1 %). ``block`` steps' stage costs are computed at
-    once (memory against speed).
+    values chose at the level just above it: ``cost`` is what that schedule costs, and
+    ``cost - lower_bound`` bounds how far it is from the optimum (it shrinks as the levels
+    grow; on the shared traces' 30 days at 16 levels, under 1 %). ``block`` steps' stage
+    costs are computed at once (memory against speed).
     """
     a = np.asarray(arrivals, dtype=float)
-    steps, counts = len(a), len(capacity)
-    rates = a / step_s
+    allowed = np.arange(len(capacity)) >= prices.min_workers
+    peak = int(np.flatnonzero(allowed)[np.argmax(capacity[allowed])])
+    grid = _Levels(a, float(capacity[peak]), step_s, prices.slo_s, levels)
+    choose, lower = _priced_backward(grid, capacity, a / step_s, step_s, prices, peak, block)
+    start = min(max(initial_workers, 0), len(capacity) - 1)
+    gpu_s, lag, rescales, over = _priced_forward(grid, choose, capacity, a / step_s, prices, start)
+    return PricedOptimum(gpu_s + prices.lag_price * lag, gpu_s, lag, rescales, float(lower[start, 0]), over)
+
+
+def _priced_backward(grid: _Levels, capacity: np.ndarray, rates: np.ndarray, step_s: float, prices: Prices,
+                     peak: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """The backward pass of :func:`priced_schedule`: the count the rounded-up values choose
+    per (step, count, level), and the rounded-down values at the first step."""
+    steps, counts, levels = len(rates), len(capacity), grid.count
     d = min(prices.downtime_s, step_s)
     n = np.arange(counts, dtype=float)
-    allowed = n >= prices.min_workers
-    peak = int(np.flatnonzero(allowed)[np.argmax(capacity[allowed])])
-    cum = np.concatenate([[0.0], np.cumsum(a)])
-    ends = np.arange(1, steps + 1) * step_s
-    # strictly increasing, so that np.interp inverts it (a sample is born where the sum reaches it)
-    cum_x = cum + np.arange(steps + 1) * 1e-9 * max(cum[-1], 1.0) / max(steps, 1)
-    times = np.arange(steps + 1) * step_s
-
-    def age(j, backlog: np.ndarray) -> np.ndarray:
-        """Age at the end of step(s) ``j`` of the oldest of ``backlog`` unprocessed samples."""
-        born = np.interp(cum[j + 1] - backlog, cum_x, times)
-        return np.where(backlog > 0, ends[j] - born, 0.0)
-
-    within = cum[1:] - np.interp(np.maximum(ends - prices.slo_s, 0.0), times, cum)
-    least = np.zeros(steps + 1)  # the largest count's queue from empty: no schedule queues less
-    for j, r in enumerate(rates):
-        least[j + 1] = max(0.0, least[j] + (r - capacity[peak]) * step_s)
-    # Step j's levels: least[j], then least[j] plus a geometric series from one second of the
-    # mean rate to 1.5 x the samples of the last SLO.
-    smallest = max(cum[-1] / max(steps * step_s, 1.0), 1.0)
-    widest = np.concatenate([[0.0], within]) * 1.5 + 2 * smallest
-    ratio = np.log(widest / smallest) / (levels - 2)   # log of each step's ratio between levels
-    powers = np.exp(np.arange(levels - 1)[None, :] * ratio[:, None])
     jd = n * d
     gpu = (n * step_s)[None, :, None]
-    blocked = np.where(allowed, 0.0, INF)[None, :, None]
+    blocked = np.where(n >= prices.min_workers, 0.0, INF)[None, :, None]
     rows = np.arange(counts) * levels  # flat index of each count's first level
-
-    def levels_around(end: np.ndarray, j) -> tuple[np.ndarray, np.ndarray]:
-        """The levels just above and just below each end backlog of step(s) ``j`` on the next
-        step's levels."""
-        x = np.maximum(end - least[j + 1], 0.0) / smallest
-        safe = np.log(np.maximum(x, 1.0)) / ratio[j + 1]
-        up = np.where(x > 1e-12, 1 + np.ceil(safe - 1e-9), 0)
-        down = np.where(x >= 1 - 1e-12, 1 + np.floor(safe + 1e-9), 0)
-        return tuple(np.clip(k, 0, levels - 1).astype(np.int64) for k in (up, down))
-
     upper = np.zeros((counts, levels))
     lower = np.zeros((counts, levels))
-    choose = np.empty((steps, counts, levels), dtype=np.int16)  # the count the rounded-up values pick
+    choose = np.empty((steps, counts, levels), dtype=np.int16)
     stayed = np.arange(counts)[:, None]
     for first in range((steps - 1) // block * block, -1, -block):
         js = np.arange(first, min(first + block, steps))
-        r = rates[js][:, None, None]
-        grid = least[js][:, None, None] + np.concatenate([np.zeros((len(js), 1)), smallest * powers[js]], axis=1)[:, None, :]
         out = []
         for pause in (0.0, d):  # staying, moving: per step of the block, count and start level
-            end, lag, _ = fluid_step(capacity[None, :, None], grid, r, pause, step_s - pause)
-            out.append((end, gpu + prices.lag_price * lag + blocked, age(js[:, None, None], end)))
+            end, lag, _ = fluid_step(capacity[None, :, None], grid.grid(js)[:, None, :], rates[js][:, None, None],
+                                     pause, step_s - pause)
+            out.append((end, gpu + prices.lag_price * lag + blocked, grid.age(js[:, None, None], end)))
         limit = np.maximum(prices.slo_s, out[1][2][:, peak, :])[:, None, :]  # the largest count after a rescale
         (stay_end, stay, stay_age), (move_end, move, move_age) = out
         stay = np.where(stay_age > limit * (1 + 1e-9) + 1e-9, INF, stay)
         move = np.where(move_age > limit * (1 + 1e-9) + 1e-9, INF, move)
         at = {}
         for kind, end in (("stay", stay_end), ("move", move_end)):
-            at[kind, True], at[kind, False] = (rows[None, :, None] + k for k in levels_around(end, js[:, None, None]))
+            at[kind, True], at[kind, False] = (rows[None, :, None] + k for k in grid.around(end, js[:, None, None]))
         for i in range(len(js) - 1, -1, -1):
             kept = stay[i] + upper.ravel()[at["stay", True][i]]
             moved, to = cheapest_moves_from_at(move[i] + upper.ravel()[at["move", True][i]], jd)
             choose[js[i]] = np.where(kept <= moved, stayed, to)
             moved_lower = cheapest_moves_from(move[i] + lower.ravel()[at["move", False][i]], jd)
             upper, lower = np.minimum(kept, moved), np.minimum(stay[i] + lower.ravel()[at["stay", False][i]], moved_lower)
-    # Forward, with the exact backlog: each step the count chosen at the level just above it
-    # (in plain floats: one count per step).
-    start = min(max(initial_workers, 0), counts - 1)
+    return choose, lower
+
+
+def _priced_forward(grid: _Levels, choose: np.ndarray, capacity: np.ndarray, rates: np.ndarray, prices: Prices,
+                    start: int) -> tuple[float, float, int, int]:
+    """The schedule :func:`priced_schedule` chose, followed forward with the exact backlog
+    (in plain floats: one count per step), each step taking the count chosen at the level
+    just above it: ``(GPU-seconds, lag, rescales, steps over the SLO)``."""
+    step_s = grid.step_s
+    d = min(prices.downtime_s, step_s)
     m, b = start, 0.0
     gpu_s = lag_total = 0.0
     rescales = over = 0
-    cum_l, least_l, ratio_l, cap_l = cum.tolist(), least.tolist(), ratio.tolist(), capacity.tolist()
+    cum, least, ratio, cap = grid.cum.tolist(), grid.least.tolist(), grid.ratio.tolist(), capacity.tolist()
     for j, r in enumerate(rates.tolist()):
-        x = (b - least_l[j]) / smallest
-        k = 0 if x <= 1e-12 else 1 if x <= 1 else 1 + math.ceil(math.log(x) / ratio_l[j] - 1e-9)
-        nxt = int(choose[j, m, min(k, levels - 1)])
+        x = (b - least[j]) / grid.smallest
+        k = 0 if x <= 1e-12 else 1 if x <= 1 else 1 + math.ceil(math.log(x) / ratio[j] - 1e-9)
+        nxt = int(choose[j, m, min(k, grid.count - 1)])
         pause = 0.0 if nxt == m else d
-        queued, spare, run = b + r * pause, cap_l[nxt] - r, step_s - pause
+        queued, spare, run = b + r * pause, cap[nxt] - r, step_s - pause
         if spare > 0 and queued <= spare * run:
             end, lag = 0.0, pause * (b + queued) / 2 + queued * queued / spare / 2
         else:
@@ -421,8 +447,7 @@ def priced_schedule(arrivals: np.ndarray, capacity: np.ndarray, step_s: float, p
         lag_total += lag
         m, b = nxt, end
         if end > 0:  # the oldest sample's age at the step's end, first in first out
-            i = bisect_right(cum_l, cum_l[j + 1] - end) - 1
-            born = i * step_s + (cum_l[j + 1] - end - cum_l[i]) / (cum_l[i + 1] - cum_l[i]) * step_s
+            i = bisect_right(cum, cum[j + 1] - end) - 1
+            born = i * step_s + (cum[j + 1] - end - cum[i]) / (cum[i + 1] - cum[i]) * step_s
             over += (j + 1) * step_s - born > prices.slo_s * (1 + 1e-9) + 1e-9
-    return PricedOptimum(gpu_s + prices.lag_price * lag_total, gpu_s, lag_total, rescales,
-                         float(lower[start, 0]), over)
+    return gpu_s, lag_total, rescales, over
