@@ -24,6 +24,7 @@ def test_defaults_are_the_embedded_deployment(tmp_path, monkeypatch):
         ({"min_workers": 5, "max_workers": 2}, "max_workers (2) is below min_workers (5)"),
         ({"kale": {"horizn_s": 10}}, "kale.horizn_s: unknown setting; allowed here: "),
         ({"kale": {"horizon_s": 10}}, "horizon_s (10.0) must cover two restarts"),
+        ({"kale": {"wait_cost": 0}}, "wait_cost (0.0) must be >= 0.1"),
         ({"worker_backend": "kubernetes", "kubernetes": {"run_as_user": 0}}, "kubernetes.run_as_user: run_as_user 0"),
         ({"stream": "x"}, "stream: unknown setting; allowed here: "),
         ({"partitions": 2, "min_workers": 3, "max_workers": 4}, "partitions (2) is below min_workers (3)"),
@@ -31,7 +32,7 @@ def test_defaults_are_the_embedded_deployment(tmp_path, monkeypatch):
         ({"slo_s": "fast"}, "slo_s: input should be a valid number, got 'fast' (str)"),
         ({"kubernetes": {"gpus_per_worker": -1}}, "kubernetes.gpus_per_worker: input should be greater than or equal"),
     ],
-    ids=["backend", "min-max", "typo", "horizon", "root", "unknown-key", "partitions", "string-int", "string-float",
+    ids=["backend", "min-max", "typo", "horizon", "wait-cost-zero", "root", "unknown-key", "partitions", "string-int", "string-float",
          "negative-gpus"],
 )
 def test_bad_configuration_names_the_file_and_the_field(tmp_path, monkeypatch, data, message):

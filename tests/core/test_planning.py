@@ -186,6 +186,22 @@ def test_first_step_follows_the_backlog_like_a_fluid_simulation(workers, backlog
     assert not np.isfinite(fs.cost[0])
 
 
+def test_with_lag_free_the_slo_alone_bounds_the_first_step():
+    # 20 workers keep up with 20,000/s, so the oldest sample (240 s after the pause) ages no
+    # further; at 19 it would pass 300 s. A lag price makes the plan drain the backlog instead.
+    cap, rate = 1000.0 * np.arange(65.0), 20000.0
+    start = Start(22, 4e6, 150.0, rate)
+
+    def best(lag_price):
+        prices = Prices(D, lag_price, 1, 300.0)
+        values = values_to_go(cap, np.full(17, rate), STEP, prices)
+        fs = first_step(cap, start, 2 * STEP, rate, 17 * STEP, values, prices, 300.0)
+        return int(np.argmin(np.where(fs.slo_ok, fs.cost, math.inf)))
+
+    assert best(0.0) == 20
+    assert best(1.0 / rate) > 22
+
+
 def test_first_step_charges_what_is_left_queued_at_the_next_steps_spare_capacity():
     prices = Prices(D, 1e-3, 1)
     fs = first_step(CAP, Start(1, 1e5, 100.0, 90.0), 300.0, 90.0, 600.0, np.zeros(len(CAP)), prices, 300.0)

@@ -34,6 +34,7 @@ from kale_airflow.core.sources import ForecastSource
 
 FALLBACK_MARGIN = 0.20  # while the forecast is unavailable: plan for the recent peak plus this
 MIN_RATE = 1.0          # samples/s below which the lag price stops growing (an idle stream)
+MIN_WAIT_COST = 0.1     # below it the plan thrashes at the SLO's edge (KaleConfig refuses it)
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,8 @@ class KaleConfig:
     - ``forecast_quantile``: the forecast quantile the plan must keep up with;
     - ``horizon_s``: how far ahead the plan looks (it must cover two restarts);
     - ``wait_cost``: workers worth one second of mean wait: the plan pays one worker over
-      the horizon to cut the mean wait of the samples in it by ``1 / wait_cost`` seconds;
+      the horizon to cut the mean wait of the samples in it by ``1 / wait_cost`` seconds
+      (at least 0.1: priced lower, the plan thrashes at the SLO's edge);
     - ``persist_s``: how long a change must stay the plan's first move before it is applied.
 
     The rest are inputs: ``slo_s`` (the freshness SLO), ``rescale_downtime_s`` (the pause a
@@ -68,8 +70,15 @@ class KaleConfig:
                 f"horizon_s ({self.horizon_s}) must cover two restarts (2 x rescale_downtime_s = "  # pragma: no mutate
                 f"{2 * self.rescale_downtime_s}): a plan shorter than that cannot price a rescale and its return"  # pragma: no mutate
             )
-        if self.wait_cost < 0 or self.persist_s < 0:
-            raise ValueError("wait_cost and persist_s must be >= 0")  # pragma: no mutate
+        if self.persist_s < 0:
+            raise ValueError("persist_s must be >= 0")  # pragma: no mutate
+        if self.wait_cost < MIN_WAIT_COST:
+            raise ValueError(
+                f"wait_cost ({self.wait_cost}) must be >= {MIN_WAIT_COST}: lag priced at almost nothing "  # pragma: no mutate
+                "lets the plan hold the backlog at the SLO's edge, where every forecast wiggle is a rescale "  # pragma: no mutate
+                "(at 0: several times the rescales, and more SLO violations). Set 0.25 or more (default 2.0; "  # pragma: no mutate
+                "higher trades GPU-hours for less lag)"  # pragma: no mutate
+            )
         if not 0 < self.forecast_quantile < 1:
             raise ValueError(f"forecast_quantile must be in (0, 1), got {self.forecast_quantile}")
 
