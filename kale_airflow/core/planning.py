@@ -80,6 +80,13 @@ def cheapest_moves_from(g: np.ndarray, jd: np.ndarray) -> np.ndarray:
     (``g[m]`` the cost of moving to ``m`` and going on from there; ``jd[m] = m * d``). The
     planner's inner loop, so without arguments of the minima. Counts run along the first
     axis: a 2-D ``g`` holds one column per backlog level (:func:`priced_schedule`)."""
+    if g.ndim == 1:  # the same minima in fewer array operations: this runs 17 times a plan
+        out = np.empty_like(g)
+        out[-1] = INF  # no larger count above the last
+        np.minimum.accumulate(g[:0:-1], out=out[-2::-1])  # up: out[i] = min(g[i+1:])
+        down = np.minimum.accumulate(g - jd)
+        np.minimum(out[1:], down[:-1] + jd[1:], out=out[1:])  # down: no smaller count below the first
+        return out
     jd = jd.reshape((-1,) + (1,) * (g.ndim - 1))
     out = np.full_like(g, INF)  # no larger count above the last, no smaller below the first
     out[:-1] = np.minimum.accumulate(g[::-1], axis=0)[::-1][1:]   # up: the new, larger count is held

@@ -109,6 +109,9 @@ def test_cheapest_moves_match_brute_force_in_both_directions(g, d):
         assert fwd[i] == pytest.approx(min(g[j] + max(j - i, 0) * d for j in others))
         assert g[src[i]] + max(src[i] - i, 0) * d == pytest.approx(fwd[i]) and src[i] != i
         assert back[i] == pytest.approx(min(g[j] + max(i - j, 0) * d for j in others))
+    # one column per backlog level (the priced optimum's layout): each column as on its own
+    columns = cheapest_moves_from(np.stack([g, g[::-1]], axis=1), jd)
+    np.testing.assert_array_equal(columns, np.stack([back, cheapest_moves_from(g[::-1].copy(), jd)], axis=1))
 
 
 def test_stage_costs_stay_must_keep_up_and_a_move_must_keep_up_after_its_pause():
