@@ -209,33 +209,27 @@ class SeasonalNaiveForecaster(ForecasterBase):
         return self
 
     def _point(self, origins: np.ndarray, horizon: int, season: int, count: int) -> np.ndarray:
-        """Point forecasts, shape (len(origins), horizon), using only y[< origin]."""
+        """Point forecasts, shape (len(origins), horizon), using only y[< origin]: the mean
+        of the same phase over the last ``count`` seasons before each origin (all offsets at
+        once, as many seasons back as the longest step needs), times the level ratio."""
         y = self._y
-        steps = np.arange(horizon)
-        target = origins[:, None] + steps[None, :]
-        acc = np.zeros(target.shape)
-        cnt = np.zeros(target.shape)
-        for k in range(1, count + horizon // season + 2):
-            j = target - k * season
-            ok = (j >= 0) & (j < origins[:, None])
-            acc[ok] += y[j[ok]]
-            cnt[ok] += 1
-            if (cnt >= count).all():
-                break
-        prof = np.where(cnt > 0, acc / np.maximum(cnt, 1), np.nan)
+        back = np.arange(1, count + horizon // season + 2)[:, None, None] * season
+        j = origins[None, :, None] + np.arange(horizon)[None, None, :] - back  # (seasons back, origin, step)
+        ok = (j >= 0) & (j < origins[None, :, None])
+        cnt = np.cumsum(ok, axis=0)
+        enough = np.flatnonzero((cnt >= count).all(axis=(1, 2)))
+        used = enough[0] + 1 if enough.size else len(back)  # seasons back until every step has ``count``
+        acc = np.where(ok[:used], y[np.clip(j[:used], 0, len(y) - 1)], 0.0).sum(axis=0)
+        prof = np.where(cnt[used - 1] > 0, acc / np.maximum(cnt[used - 1], 1), np.nan)
         # Level ratio: the last level window against the same profile at those times.
         L = self._level_n
         csum = np.concatenate([[0.0], np.cumsum(y)])
         recent = csum[origins] - csum[origins - L]
-        past = origins[:, None] - L + np.arange(L)[None, :]
-        ref_acc = np.zeros(past.shape)
-        ref_cnt = np.zeros(past.shape)
-        for k in range(1, count + 1):
-            j = past - k * season
-            ok = j >= 0
-            ref_acc[ok] += y[j[ok]]
-            ref_cnt[ok] += 1
-        ref = (ref_acc / np.maximum(ref_cnt, 1)).sum(axis=1)
+        past = (origins[None, :, None] - L + np.arange(L)[None, None, :]
+                - np.arange(1, count + 1)[:, None, None] * season)
+        seen = past >= 0
+        ref_acc = np.where(seen, y[np.maximum(past, 0)], 0.0).sum(axis=0)
+        ref = (ref_acc / np.maximum(seen.sum(axis=0), 1)).sum(axis=1)
         ratio = np.clip((recent + self._eps) / (ref + self._eps), *self.level_clip)
         return prof * ratio[:, None]
 
