@@ -511,8 +511,9 @@ def engine_summary(report: dict | None = None) -> str:
                      f"(target {cs[0]['target']}).")
     speed = report.get("speed", {})
     if speed:
-        lines.append(f"`kale simulate --days 30` with every policy: {speed['wall_s']:.1f} s here; one decision "
-                     f"{speed['kale_decide_p99_ms']:.2f} ms at p99.")
+        runs = len(speed.get("walls_s", [speed["wall_s"]]))
+        lines.append(f"`kale simulate --days 30` with every policy: {speed['wall_s']:.2f} s here (the fastest of "
+                     f"{runs} runs); one decision {speed['kale_decide_p99_ms']:.2f} ms at p99.")
     lines.append("Every row, and Kale beside the rules: [docs/policy.md](docs/policy.md#results).")
     return "\n".join(lines) + "\n"
 
