@@ -32,8 +32,8 @@ def test_defaults_are_the_embedded_deployment(tmp_path, monkeypatch):
         ({"slo_s": "fast"}, "slo_s: input should be a valid number, got 'fast' (str)"),
         ({"kubernetes": {"gpus_per_worker": -1}}, "kubernetes.gpus_per_worker: input should be greater than or equal"),
     ],
-    ids=["backend", "min-max", "typo", "horizon", "wait-cost-zero", "root", "unknown-key", "partitions", "string-int", "string-float",
-         "negative-gpus"],
+    ids=["backend", "min-max", "typo", "horizon", "wait-cost-zero", "root", "unknown-key", "partitions", "string-int",
+         "string-float", "negative-gpus"],
 )
 def test_bad_configuration_names_the_file_and_the_field(tmp_path, monkeypatch, data, message):
     monkeypatch.setenv("KALE_HOME", str(tmp_path))

@@ -281,10 +281,10 @@ def test_config_validation_names_the_setting(fields, message):
         KaleConfig(**fields)
 
 
-@pytest.mark.parametrize("fields", [{"slo_s": 0.5}, {"interval_s": 0.5}, {"wait_cost": 0.1}, {"persist_s": 0.0}, {"persist_s": 0.5},
-                                    {"horizon_s": 180.0}, {"horizon_s": 250.0}],
-                         ids=["slo-below-1s", "interval-below-1s", "wait-cost-at-its-floor", "no-persistence", "persist-below-1s",
-                              "horizon-exactly-two-restarts", "horizon-under-three-restarts"])
+@pytest.mark.parametrize("fields", [{"slo_s": 0.5}, {"interval_s": 0.5}, {"wait_cost": 0.1}, {"persist_s": 0.0},
+                                    {"persist_s": 0.5}, {"horizon_s": 180.0}, {"horizon_s": 250.0}],
+                         ids=["slo-below-1s", "interval-below-1s", "wait-cost-at-its-floor", "no-persistence",
+                              "persist-below-1s", "horizon-exactly-two-restarts", "horizon-under-three-restarts"])
 def test_config_accepts_the_edges_of_its_ranges(fields):
     KaleConfig(**{"rescale_downtime_s": 90.0, **fields})
 
