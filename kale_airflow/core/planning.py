@@ -300,9 +300,10 @@ def offline_schedule(arrivals: np.ndarray, capacity: np.ndarray, step_s: float, 
 @dataclass(frozen=True)
 class PricedOptimum:
     """The clairvoyant optimum of Kale's objective (:func:`priced_schedule`): the schedule
-    found, its ``cost`` (GPU-seconds plus ``lag_price`` x ``lag`` sample-seconds), and a
-    ``lower_bound`` no schedule of the problem beats; ``over_slo_steps`` counts the steps at
-    whose end its oldest sample is older than the SLO (bursts past the curve's peak)."""
+    found (``schedule``: the count of each step), its ``cost`` (GPU-seconds plus
+    ``lag_price`` x ``lag`` sample-seconds), and a ``lower_bound`` no schedule of the problem
+    beats; ``over_slo_steps`` counts the steps at whose end its oldest sample is older than
+    the SLO (bursts past the curve's peak)."""
 
     cost: float
     gpu_s: float
@@ -310,6 +311,7 @@ class PricedOptimum:
     rescales: int
     lower_bound: float
     over_slo_steps: int
+    schedule: tuple[int, ...]
 
 
 class _Levels:
@@ -385,8 +387,9 @@ def priced_schedule(arrivals: np.ndarray, capacity: np.ndarray, step_s: float, p
     grid = _Levels(a, float(capacity[peak]), step_s, prices.slo_s, levels)
     choose, lower = _priced_backward(grid, capacity, a / step_s, step_s, prices, peak, block)
     start = min(max(initial_workers, 0), len(capacity) - 1)
-    gpu_s, lag, rescales, over = _priced_forward(grid, choose, capacity, a / step_s, prices, start)
-    return PricedOptimum(gpu_s + prices.lag_price * lag, gpu_s, lag, rescales, float(lower[start, 0]), over)
+    gpu_s, lag, rescales, over, schedule = _priced_forward(grid, choose, capacity, a / step_s, prices, start)
+    return PricedOptimum(gpu_s + prices.lag_price * lag, gpu_s, lag, rescales, float(lower[start, 0]), over,
+                         schedule)
 
 
 def _priced_backward(grid: _Levels, capacity: np.ndarray, rates: np.ndarray, step_s: float, prices: Prices,
@@ -428,15 +431,16 @@ def _priced_backward(grid: _Levels, capacity: np.ndarray, rates: np.ndarray, ste
 
 
 def _priced_forward(grid: _Levels, choose: np.ndarray, capacity: np.ndarray, rates: np.ndarray, prices: Prices,
-                    start: int) -> tuple[float, float, int, int]:
+                    start: int) -> tuple[float, float, int, int, tuple[int, ...]]:
     """The schedule :func:`priced_schedule` chose, followed forward with the exact backlog
     (in plain floats: one count per step), each step taking the count chosen at the level
-    just above it: ``(GPU-seconds, lag, rescales, steps over the SLO)``."""
+    just above it: ``(GPU-seconds, lag, rescales, steps over the SLO, the counts)``."""
     step_s = grid.step_s
     d = min(prices.downtime_s, step_s)
     m, b = start, 0.0
     gpu_s = lag_total = 0.0
     rescales = over = 0
+    schedule = []
     cum, least, ratio, cap = grid.cum.tolist(), grid.least.tolist(), grid.ratio.tolist(), capacity.tolist()
     for j, r in enumerate(rates.tolist()):
         x = (b - least[j]) / grid.smallest
@@ -453,8 +457,9 @@ def _priced_forward(grid: _Levels, choose: np.ndarray, capacity: np.ndarray, rat
         gpu_s += nxt * step_s + max(m - nxt, 0) * pause
         lag_total += lag
         m, b = nxt, end
+        schedule.append(nxt)
         if end > 0:  # the oldest sample's age at the step's end, first in first out
             i = bisect_right(cum, cum[j + 1] - end) - 1
             born = i * step_s + (cum[j + 1] - end - cum[i]) / (cum[i + 1] - cum[i]) * step_s
             over += (j + 1) * step_s - born > prices.slo_s * (1 + 1e-9) + 1e-9
-    return gpu_s, lag_total, rescales, over
+    return gpu_s, lag_total, rescales, over, tuple(schedule)

@@ -402,10 +402,12 @@ def test_a_backlog_that_arrived_in_a_burst_ages_while_it_is_worked_off():
     assert fs.freshness_s[2] > 30.0  # older than when the step began, though 190/s beats the 100/s arriving now
 
 
-def priced_by_brute_force(arrivals, cap, step, prices, start):
-    """The cheapest schedule of the priced problem by trying every one: the backlog carried
-    exactly from step to step, the SLO checked at each step's end against the birth time of
-    the oldest unprocessed sample (first in first out over the cumulative arrivals)."""
+def replay_priced(schedule, arrivals, cap, step, prices, start):
+    """A schedule of the priced problem followed step by step, the backlog carried exactly,
+    each step's end checked against the birth time of the oldest unprocessed sample (first
+    in first out over the cumulative arrivals): ``(cost, GPU-seconds, lag, rescales, steps
+    over the SLO)``, the cost infinite where a step breaks the SLO by more than the largest
+    count after a rescale would."""
     rates = [a / step for a in arrivals]
     cum = np.concatenate([[0.0], np.cumsum(arrivals)])
     d = min(prices.downtime_s, step)
@@ -423,20 +425,25 @@ def priced_by_brute_force(arrivals, cap, step, prices, start):
         end, lag, _ = fluid_step(np.array([cap_m]), b, rates[j], pause, step - pause)
         return float(end[0]), float(lag[0])
 
-    best = math.inf
-    for schedule in itertools.product(range(prices.min_workers, len(cap)), repeat=len(arrivals)):
-        n, b, cost = start, 0.0, 0.0
-        for j, m in enumerate(schedule):
-            pause = 0.0 if m == n else d
-            end, lag = one(cap[m], b, j, pause)
-            limit = max(prices.slo_s, age(j, one(cap[peak], b, j, d)[0]))
-            if age(j, end) > limit * (1 + 1e-9) + 1e-9:
-                cost = math.inf
-                break
-            cost += m * step + max(n - m, 0) * pause + prices.lag_price * lag
-            n, b = m, end
-        best = min(best, cost)
-    return best
+    n, b, gpu, lag_total, rescales, over, feasible = start, 0.0, 0.0, 0.0, 0, 0, True
+    for j, m in enumerate(schedule):
+        pause = 0.0 if m == n else d
+        end, lag = one(cap[m], b, j, pause)
+        limit = max(prices.slo_s, age(j, one(cap[peak], b, j, d)[0]))
+        feasible &= age(j, end) <= limit * (1 + 1e-9) + 1e-9
+        over += age(j, end) > prices.slo_s * (1 + 1e-9) + 1e-9
+        gpu += m * step + max(n - m, 0) * pause
+        lag_total += lag
+        rescales += m != n
+        n, b = m, end
+    cost = gpu + prices.lag_price * lag_total if feasible else math.inf
+    return cost, gpu, lag_total, rescales, over
+
+
+def priced_by_brute_force(arrivals, cap, step, prices, start):
+    """The cheapest schedule of the priced problem by trying every one (:func:`replay_priced`)."""
+    return min(replay_priced(schedule, arrivals, cap, step, prices, start)[0]
+               for schedule in itertools.product(range(prices.min_workers, len(cap)), repeat=len(arrivals)))
 
 
 PRICED_CASES = {
@@ -460,6 +467,10 @@ def test_priced_schedule_brackets_the_brute_force_optimum(rates, price, slo, sta
     for found in (coarse, fine):
         assert found.lower_bound <= truth * (1 + 1e-9) <= found.cost * (1 + 1e-9) + 1e-6
         assert found.cost == pytest.approx(found.gpu_s + price * found.lag)
+        # what it reports is what its schedule costs, rescales and leaves over the SLO
+        cost, gpu, lag, rescales, over = replay_priced(found.schedule, arrivals, CAP, STEP, prices, start)
+        assert (found.gpu_s, found.rescales, found.over_slo_steps) == (pytest.approx(gpu), rescales, over)
+        assert (found.cost, found.lag) == (pytest.approx(cost), pytest.approx(lag))
     assert fine.cost - fine.lower_bound <= 0.01 * truth
     assert fine.cost - fine.lower_bound <= coarse.cost - coarse.lower_bound + 1e-6
     assert fine.cost == pytest.approx(truth, rel=0.005)
