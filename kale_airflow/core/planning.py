@@ -378,7 +378,9 @@ def priced_schedule(arrivals: np.ndarray, capacity: np.ndarray, step_s: float, p
     followed forward with the exact backlog, each step taking the count the rounded-up
     values chose at the level just above it: ``cost`` is what that schedule costs, and
     ``cost - lower_bound`` bounds how far it is from the optimum (it shrinks as the levels
-    grow; on the shared traces' 30 days at 16 levels, under 1 %). ``block`` steps' stage
+    grow; on the shared traces' 30 days at 16 levels, under 1 %, but on a few steps whose
+    cheap lag carries a queue to the SLO's edge it can be tens of percent: rounding the
+    backlog up ages it, and keeps the schedule off that edge). ``block`` steps' stage
     costs are computed at once (memory against speed).
     """
     a = np.asarray(arrivals, dtype=float)

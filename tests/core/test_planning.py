@@ -451,6 +451,8 @@ PRICED_CASES = {
     "burst past the peak": ([150.0, 600.0, 500.0, 100.0, 40.0], 1e-4, 300.0),
     "cheap lag, loose SLO": ([90.0, 260.0, 260.0, 200.0, 90.0], 2e-5, 900.0),
     "dear lag": ([90.0, 260.0, 50.0, 270.0, 90.0], 1e-2, 300.0),
+    "cheap lag, the SLO binds": ([90.0, 260.0, 260.0, 200.0, 90.0], 2e-6, 300.0),
+    "carried through a long peak": ([100.0, 280.0, 300.0, 280.0, 100.0], 5e-6, 600.0),
 }
 
 
@@ -463,7 +465,7 @@ def test_priced_schedule_brackets_the_brute_force_optimum(rates, price, slo, sta
     prices = Prices(D, price, 1, slo)
     truth = priced_by_brute_force(arrivals, CAP, STEP, prices, start)
     coarse = priced_schedule(arrivals, CAP, STEP, prices, start, levels=6)
-    fine = priced_schedule(arrivals, CAP, STEP, prices, start, levels=400)
+    fine = priced_schedule(arrivals, CAP, STEP, prices, start, levels=2000)
     for found in (coarse, fine):
         assert found.lower_bound <= truth * (1 + 1e-9) <= found.cost * (1 + 1e-9) + 1e-6
         assert found.cost == pytest.approx(found.gpu_s + price * found.lag)
@@ -488,12 +490,21 @@ def test_priced_schedule_carries_backlog_only_where_lag_is_cheap():
     assert cheap.over_slo_steps == dear.over_slo_steps == 0
 
 
-def test_priced_schedule_with_one_count_allowed_follows_the_backlog_and_counts_the_steps_over_the_slo():
+FORCED_CASES = {  # rates, SLO, steps over it
+    "a burst past the peak": ([150.0, 600.0, 500.0, 100.0, 40.0], 300.0, 1),       # the step after: 348 s
+    "over, then queued but within": ([150.0, 600.0, 600.0, 100.0, 100.0, 40.0], 300.0, 1),  # 390 s, then 120 s
+    "a looser SLO holds": ([150.0, 600.0, 600.0, 100.0, 100.0, 40.0], 450.0, 0),
+}
+
+
+@pytest.mark.parametrize("rates,slo,expected_over", FORCED_CASES.values(), ids=FORCED_CASES.keys())
+def test_priced_schedule_with_one_count_allowed_follows_the_backlog_and_counts_the_steps_over_the_slo(
+        rates, slo, expected_over):
     """With only the largest count allowed the schedule is forced: its GPU-seconds, lag and
     steps over the SLO are those of that count's queue, each end's oldest sample dated on the
-    cumulative arrivals (a burst past the peak: one step ends over the 300 s SLO)."""
-    rates = np.array([150.0, 600.0, 500.0, 100.0, 40.0])
-    found = priced_schedule(rates * STEP, CAP, STEP, Prices(D, 1e-4, 4, 300.0), 4)
+    cumulative arrivals."""
+    rates = np.array(rates)
+    found = priced_schedule(rates * STEP, CAP, STEP, Prices(D, 1e-4, 4, slo), 4)
     cum = np.concatenate([[0.0], np.cumsum(rates * STEP)])
     b, lag, over = 0.0, 0.0, 0
     for j, r in enumerate(rates):
@@ -504,9 +515,8 @@ def test_priced_schedule_with_one_count_allowed_follows_the_backlog_and_counts_t
             processed = cum[j + 1] - b
             i = int(np.searchsorted(cum, processed, side="right")) - 1
             born = (i + (processed - cum[i]) / (cum[i + 1] - cum[i])) * STEP
-            over += (j + 1) * STEP - born > 300.0
-    assert (found.rescales, found.gpu_s) == (0, 4 * STEP * len(rates))
+            over += (j + 1) * STEP - born > slo
+    assert (found.rescales, found.gpu_s, found.schedule) == (0, 4 * STEP * len(rates), (4,) * len(rates))
     assert found.lag == pytest.approx(lag)
-    assert found.over_slo_steps == over, (found.over_slo_steps, over)
-    assert over == 1  # the step after the burst: its oldest sample is 348 s old
+    assert found.over_slo_steps == over == expected_over, (found.over_slo_steps, over)
     assert found.cost == pytest.approx(found.gpu_s + 1e-4 * lag)
