@@ -453,11 +453,12 @@ PRICED_CASES = {
     "dear lag": ([90.0, 260.0, 50.0, 270.0, 90.0], 1e-2, 300.0),
     "cheap lag, the SLO binds": ([90.0, 260.0, 260.0, 200.0, 90.0], 2e-6, 300.0),
     "carried through a long peak": ([100.0, 280.0, 300.0, 280.0, 100.0], 5e-6, 600.0),
+    "idle steps around the peaks": ([0.0, 120.0, 0.0, 280.0, 0.0], 2e-6, 300.0),
 }
 
 
 @pytest.mark.parametrize("rates,price,slo", PRICED_CASES.values(), ids=PRICED_CASES.keys())
-@pytest.mark.parametrize("start", [1, 3])
+@pytest.mark.parametrize("start", [0, 1, 3])
 def test_priced_schedule_brackets_the_brute_force_optimum(rates, price, slo, start):
     """Rounding the backlog up and down brackets the true optimum; the schedule followed
     forward costs what the brute force says such a schedule costs; finer levels close the gap."""
@@ -474,8 +475,18 @@ def test_priced_schedule_brackets_the_brute_force_optimum(rates, price, slo, sta
         assert (found.gpu_s, found.rescales, found.over_slo_steps) == (pytest.approx(gpu), rescales, over)
         assert (found.cost, found.lag) == (pytest.approx(cost), pytest.approx(lag))
     assert fine.cost - fine.lower_bound <= 0.01 * truth
+    # the steps solved a block at a time give the same result; 16 levels by default
+    assert priced_schedule(arrivals, CAP, STEP, prices, start, levels=6, block=2) == coarse
+    assert priced_schedule(arrivals, CAP, STEP, prices, start) == priced_schedule(arrivals, CAP, STEP, prices, start,
+                                                                                 levels=16)
     assert fine.cost - fine.lower_bound <= coarse.cost - coarse.lower_bound + 1e-6
     assert fine.cost == pytest.approx(truth, rel=0.005)
+
+
+def test_priced_schedule_starts_a_count_above_the_table_from_its_largest():
+    arrivals, prices = np.array([100.0, 300.0, 100.0]) * STEP, Prices(D, 1e-4, 1, 300.0)
+    assert priced_schedule(arrivals, CAP, STEP, prices, len(CAP) + 3) == priced_schedule(arrivals, CAP, STEP, prices,
+                                                                                        len(CAP) - 1)
 
 
 def test_priced_schedule_carries_backlog_only_where_lag_is_cheap():
