@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from kale_airflow.core.planning import (
     Prices,
+    _Levels,
     Start,
     cheapest_moves,
     cheapest_moves_from,
@@ -481,6 +482,43 @@ def test_priced_schedule_brackets_the_brute_force_optimum(rates, price, slo, sta
                                                                                  levels=16)
     assert fine.cost - fine.lower_bound <= coarse.cost - coarse.lower_bound + 1e-6
     assert fine.cost == pytest.approx(truth, rel=0.005)
+
+
+@pytest.mark.parametrize("rates", [[150.0, 600.0, 500.0, 100.0, 40.0], [0.0, 120.0, 0.0, 280.0, 50.0]],
+                         ids=["a burst past the peak", "idle steps"])
+def test_the_priced_optimums_backlog_levels_are_the_documented_grid(rates):
+    """Step j's levels: the least queue (the peak count run from the start), then that plus a
+    geometric series from one second of the mean rate to 1.5 x the samples of the last SLO
+    (plus two of the smallest); every end backlog lies between the two levels ``around``
+    it, and a level's age is that of the oldest of so many unprocessed samples."""
+    arrivals, slo, count = np.array(rates) * STEP, 300.0, 6
+    grid = _Levels(arrivals, CAP[4], STEP, slo, count)
+    cum = np.concatenate([[0.0], np.cumsum(arrivals)])
+    least = [0.0]
+    for a in arrivals:
+        least.append(max(0.0, least[-1] + a - CAP[4] * STEP))
+    smallest = max(cum[-1] / (len(rates) * STEP), 1.0)
+    levels = grid.grid(np.arange(len(rates) + 1))
+    for j in range(len(rates) + 1):
+        last_slo = cum[j] - np.interp(max(j * STEP - slo, 0.0), np.arange(len(rates) + 1) * STEP, cum)
+        above = levels[j] - least[j]
+        assert levels[j][0] == pytest.approx(least[j]) and above[1] == pytest.approx(smallest)
+        assert above[-1] == pytest.approx(1.5 * last_slo + 2 * smallest)
+        np.testing.assert_allclose(above[2:] / above[1:-1], above[2] / above[1])   # geometric
+    rng = np.random.default_rng(3)
+    for j in range(len(rates)):
+        ends = least[j + 1] + np.concatenate([[0.0], rng.uniform(0, 1.2, 20)]) * (levels[j + 1][-1] - least[j + 1])
+        up, down = grid.around(ends, j)
+        inside = ends <= levels[j + 1][-1]
+        assert (levels[j + 1][up[inside]] >= ends[inside] * (1 - 1e-9)).all()
+        assert (levels[j + 1][down] <= ends * (1 + 1e-9) + 1e-9).all() and (up - down <= 1).all()
+        assert (up[~inside] == count - 1).all()
+        assert grid.age(j, np.array([0.0]))[0] == 0.0
+        for b in rng.uniform(0.01, 0.99, 5 if cum[j + 1] else 0) * cum[j + 1]:  # the oldest unprocessed, FIFO
+            processed = cum[j + 1] - b
+            i = max(k for k in range(j + 1) if cum[k] <= processed)
+            born = i * STEP + (processed - cum[i]) / arrivals[i] * STEP
+            assert grid.age(j, np.array([b]))[0] == pytest.approx((j + 1) * STEP - born, rel=1e-6)
 
 
 def test_priced_schedule_starts_a_count_above_the_table_from_its_largest():
