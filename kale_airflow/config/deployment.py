@@ -308,6 +308,15 @@ class Deployment(BaseModel):
                                                                "checkpoint. On Kubernetes it must cover an added "
                                                                "pod's scheduling and start. 0: every generation is "
                                                                "a new job.")
+    worker_standby: int = Field(4, ge=0, le=64, description="Local backend with warm ranks: how many spare rank "
+                                                           "processes the pool keeps started above the current "
+                                                           "generation's size (never beyond `max_workers`). A spare "
+                                                           "has imported the trainer and built the model, holds no "
+                                                           "GPU memory, and joins as soon as a larger generation "
+                                                           "names its slot, so a scale-up does not wait for "
+                                                           "processes to start (each one costs the memory of an "
+                                                           "idle rank). 0: start the added ranks when the "
+                                                           "generation is named. Kubernetes starts pods instead.")
     handover_timeout_s: float = Field(180.0, gt=0, description="How long a new generation waits for the workers it "
                                                                "supersedes to checkpoint and stop (they notice within "
                                                                "a report interval; pods get their grace period) "

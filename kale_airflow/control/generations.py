@@ -266,7 +266,8 @@ class Generations:
         step += ["--checkpoint-every-s", f"{dep.worker_checkpoint_every_s:g}"]
         return WorkerSpec(dep.stream_url, checkpoint_dir, dep.group, database_url, dep.worker_batch_size, step,
                           device=dep.worker_device, amp=dep.worker_amp, trainer=dep.trainer,
-                          warm_wait_s=dep.worker_warm_wait_s, job=dep.job)
+                          warm_wait_s=dep.worker_warm_wait_s, job=dep.job, standby=dep.worker_standby,
+                          max_slots=dep.max_workers)
 
     def pod_arguments(self, generation: str, run_id: str | None = None) -> list[list[str]]:  # pragma: no mutate block
         """The rank command's arguments for each pod the generation needs started (the image

@@ -49,6 +49,10 @@ class WorkerSpec:
     # (0: every generation is a new job).
     warm_wait_s: float = 0.0
     job: str = DEFAULT_JOB  # the worker's --job: the deployment's job whose control-plane rows it uses
+    # The local pool's spares (--standby): slots above the current generation's size kept started, at
+    # most up to max_slots (the deployment's max_workers).
+    standby: int = 0
+    max_slots: int | None = None
 
     def environment(self) -> dict[str, str]:
         """Environment variables every worker needs besides its command (``KALE_DATABASE_URL``)."""
@@ -87,6 +91,7 @@ class WorkerSpec:
         # The pool starts a scale-up's added slots when the generation is named: the old ranks
         # train on while those import, so the pause does not include a process start.
         cmd += ["--await-added", f"{min(AWAIT_ADDED_S, self.warm_wait_s):g}"]
+        cmd += ["--standby", str(self.standby)] if self.standby else []
         return cmd + self._options() + self.extra_args
 
 
@@ -142,7 +147,8 @@ class LocalWorkers:
 class LocalPool:
     """The deployment's warm ranks on this machine: one
     :class:`~kale_airflow.runtime.supervise.PoolSupervisor` (``supervise --pool``) keeps one
-    process per slot of the control plane's current generation, across generations.
+    process per slot of the control plane's current generation, across generations, and up to
+    ``spec.standby`` spares above it (at most ``spec.max_slots`` slots in all).
     :meth:`ensure` starts it unless it runs (its ``pool.lock`` in ``log_dir`` says); a new
     generation reaches it through the control plane, where it and the ranks read the current
     generation and its assignment. Logs: ``worker-<slot>.log`` per slot, ``pool.log`` for the
@@ -183,7 +189,9 @@ class LocalPool:
         if not os.environ.get("KALE_WORKER_THREADS"):  # each rank takes its share of the cores per generation
             env["KALE_WORKER_CORES"] = str(os.cpu_count() or 1)
         cmd = [sys.executable, "-m", "kale_airflow.runtime.supervise", "--pool", "--max-restarts",
-               str(self.max_restarts), "--backoff", f"{self.backoff_s:g}", "--log-dir", str(self.log_dir),
+               str(self.max_restarts), "--backoff", f"{self.backoff_s:g}", "--standby", str(self.spec.standby),
+               *(["--max-slots", str(self.spec.max_slots)] if self.spec.max_slots is not None else []),
+               "--log-dir", str(self.log_dir),
                "--log-name", "worker-{rank}.log", "--", sys.executable, *self.spec.pool_command()[1:]]
         with open(self.log_dir / "pool.log", "ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)

@@ -19,8 +19,12 @@ the state of its last step. When a newer generation is named:
 4. they agree who holds the newest state (:func:`choose_source`), and that rank
    broadcasts it (:func:`broadcast_state`: model, optimizer, step and the checkpointed
    positions, tensors in one buffer per dtype); the new slices start by the handover rule.
-   A scale-up's added ranks (started as soon as the generation is named, so their import
-   overlaps the handover) receive the state the same way.
+   A scale-up's added ranks receive the state the same way. The local pool keeps spares
+   (``worker_standby``): processes for the slots just above the current generation's size
+   (started for them, or removed by a scale-down), imported and built, waiting
+   (:data:`STANDBY`) for a larger generation to name their slot, so a scale-up does not wait
+   for a process to start; any other added rank is started as soon as the generation is
+   named, and its import overlaps the handover.
 
 When no rank holds state (the first start, a crash, a warm meeting that timed out, warm
 ranks turned off), rank 0 reads the checkpoint instead: today's full restart. Either way
@@ -59,7 +63,8 @@ OFFLOAD_AFTER_S = 2.0  # a rank waiting longer than this gives its GPU memory ba
 POLL_S = 0.05  # how often a waiting rank looks at the store, the control plane at most every CONTROL_POLL_S
 CONTROL_POLL_S = 0.1
 WARM_BEAT_S = 5.0  # a waiting rank's "warm" heartbeat, as often as a training rank's
-JOIN, WAIT, LEAVE = "join", "wait", "leave"
+JOIN, WAIT, LEAVE, STANDBY = "join", "wait", "leave", "standby"
+STANDBY_POLL_S = 0.2  # how often a spare (STANDBY) looks for its slot in the current generation
 GO, ABANDON, TIMEOUT = "go", "abandon", "timeout"
 
 
@@ -72,17 +77,21 @@ class DuplicateSlot(RuntimeError):
 
 
 # ------------------------------------------------------------------ decisions (pure)
-def next_action(slot: int, after: str | None, current: dict | None) -> str:
+def next_action(slot: int, after: str | None, current: dict | None, standby: int = 0) -> str:
     """What a waiting rank does next, from the control plane's current generation
     (``{"generation", "workers", "assignment"}`` or None): :data:`LEAVE` when the generation
     has no room for ``slot``, :data:`JOIN` once it is assigned, else :data:`WAIT`. ``after``:
-    the generation this rank trained last (it never joins that one again)."""
+    the generation this rank trained last (it never joins that one again). ``standby``: the
+    local pool's spares; a rank whose slot is within that many above the generation's size is
+    a spare (:data:`STANDBY`: imported and built, it waits for a larger generation to name its
+    slot) instead of leaving; a stopped deployment keeps none."""
     if not current or current.get("generation") is None or current["generation"] == after:
         return WAIT
     workers = current.get("workers")
-    if workers is not None and slot >= int(workers):
-        return LEAVE
     assignment = current.get("assignment")
+    size = int(workers) if workers is not None else None if assignment is None else len(assignment)
+    if size is not None and slot >= size:
+        return STANDBY if 0 < size and slot < size + standby else LEAVE
     if assignment is None:
         return WAIT
     return JOIN if slot < len(assignment) else LEAVE

@@ -274,20 +274,26 @@ class JobSupervisor(Supervisor):
                 return codes[failed[0]]
 
 
-def pool_plan(want: int | None, alive: set[int], exited: dict[int, int]) -> tuple[list[int], bool, bool]:
+def pool_plan(want: int | None, alive: set[int], exited: dict[int, int], standby: int = 0,
+              most: int | None = None) -> tuple[list[int], bool, bool]:
     """What the pool supervisor does next: (slots to start, start a new attempt, a failure).
 
     ``want``: the current generation's size (None: unknown, keep what runs); ``alive``: the
     slots running; ``exited``: the slots that just ended, with their codes. A slot that ended
     with anything but 0 is a failure: every slot restarts (a new attempt, from the checkpoint).
     Slot 0 hosts the rendezvous store, so starting it while others live is a new attempt too.
-    Slots below ``want`` that are not running are started; removed slots leave on their own."""
+    Slots below ``want`` that are not running are started, and while ``want`` is above 0 so
+    are up to ``standby`` spares above it (never slot ``most`` or higher: the deployment's
+    ``max_workers``); a scale-down's removed slots stay as spares within that window and leave
+    on their own beyond it."""
     failed = any(code != 0 for code in exited.values())
     if failed:
         return [], True, True
     if want is None:
         return [], False, False
-    start = [s for s in range(want) if s not in alive]
+    spares = want + standby if most is None else min(want + standby, most)
+    keep = max(want, spares) if want > 0 else 0
+    start = [s for s in range(keep) if s not in alive]
     if 0 in start and alive:
         return [], True, False
     return start, False, False
@@ -309,9 +315,11 @@ class PoolSupervisor(JobSupervisor):
 
     It watches the control plane's current generation (``KALE_DATABASE_URL``) and keeps one
     process per slot of it: when a generation with more workers is named it starts the added
-    slots at once (their import overlaps the handover; they wait for the assignment and
-    receive the model from a surviving rank); a scale-down's removed slots exit 0 on their own
-    after the agreed step. A slot that fails (or a warm meeting that times out, exit code
+    slots it does not already run (their import overlaps the handover; they wait for the
+    assignment and receive the model from a surviving rank). It also keeps up to ``standby``
+    spares started above the generation's size (at most ``most`` slots in all): they import and
+    build the model ahead of a scale-up; a scale-down's removed slots stay as spares within that
+    window and exit 0 on their own beyond it, after the agreed step. A slot that fails (or a warm meeting that times out, exit code
     69) restarts every slot from the checkpoint on a new rendezvous port, with the usual
     backoff; the failure count starts over with each new generation, as a new job's does.
     It holds ``pool.lock`` in its log folder (one pool per deployment) and exits when the
@@ -320,9 +328,9 @@ class PoolSupervisor(JobSupervisor):
     been unreachable for ``outage_deadline_s`` (exit 75; the next training run starts a pool)."""
 
     def __init__(self, cmd: list[str], log_dir: str | Path, log_name: str, database_url: str, poll_s: float = 0.1,
-                 **kwargs):
+                 standby: int = 0, most: int | None = None, **kwargs):
         super().__init__(cmd, 0, log_dir, log_name, **kwargs)
-        self.url, self.poll_s = database_url, poll_s
+        self.url, self.poll_s, self.standby, self.most = database_url, poll_s, standby, most
         self.slots: dict[int, subprocess.Popen] = {}
         self.port: int | None = None
         self.generation: str | None = None
@@ -423,7 +431,7 @@ class PoolSupervisor(JobSupervisor):
                     say(f"slot {r} pid {self.slots.pop(r).pid} exited 0")
             if self.stopping:
                 return max((p.wait() for p in self.slots.values()), default=0)
-            start, new_attempt, failed = pool_plan(want, set(self.slots), exited)
+            start, new_attempt, failed = pool_plan(want, set(self.slots), exited, self.standby, self.most)
             if new_attempt:
                 give_up, delay = self._end_attempt(exited, failed, time.monotonic() - started)
                 if give_up:
@@ -432,7 +440,8 @@ class PoolSupervisor(JobSupervisor):
                 started, attempt_reason, self.port = time.monotonic(), restart_reason(exited), None
                 continue
             if start:
-                reason = attempt_reason if not self.slots else "scale-up"
+                reason = (attempt_reason if not self.slots else "scale-up" if min(start) < want else
+                          "spare (it waits for a larger generation to name its slot)")
                 self._start_slots(start, reason)
                 attempt_reason = "rejoin"
             if known == 0 and not self.slots:  # an outage after the stop does not keep it waiting
@@ -491,6 +500,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="keep the deployment's rank processes across generations: one per slot of the control "
                     "plane's current generation (KALE_DATABASE_URL), started as generations grow (appends "
                     "--worker-id and --rendezvous 127.0.0.1:PORT), restarted together when one fails")
+    ap.add_argument("--standby", type=int, default=0,
+                    help="with --pool: also keep this many spare slots above the current generation's size started "
+                    "(they import and build the model, then wait for a larger generation; the rank command needs "
+                    "the same --standby), so a scale-up does not wait for a process to start (default 0)")
+    ap.add_argument("--max-slots", type=int, default=None,
+                    help="with --pool: never start slot N or higher (the deployment's max_workers; default: no "
+                    "limit besides --standby)")
     ap.add_argument("--log-dir", default=".", help="with --ranks: folder of the ranks' logs")
     ap.add_argument("--log-name", default="worker-{rank}.log", help="with --ranks: each rank's log file name")
     ap.add_argument("cmd", nargs=argparse.REMAINDER, help="the worker command, after --")
@@ -498,13 +514,14 @@ def main(argv: list[str] | None = None) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         ap.error("no worker command given: put it after --")
-    if args.max_restarts < 0 or args.backoff < 0:
-        ap.error("--max-restarts and --backoff must be >= 0")
+    if args.max_restarts < 0 or args.backoff < 0 or args.standby < 0:
+        ap.error("--max-restarts, --backoff and --standby must be >= 0")
     if args.pool:
         url = option(cmd, "--database-url") or os.environ.get("KALE_DATABASE_URL")
         if not url:
             ap.error("--pool reads the current generation from the control-plane database: set KALE_DATABASE_URL")
-        return PoolSupervisor(cmd, args.log_dir, args.log_name, url, max_restarts=args.max_restarts,
+        return PoolSupervisor(cmd, args.log_dir, args.log_name, url, standby=args.standby, most=args.max_slots,
+                              max_restarts=args.max_restarts,
                               backoff_s=args.backoff, healthy_after_s=args.healthy_after,
                               outage_deadline_s=args.outage_deadline).run()
     if args.ranks > 0:

@@ -91,6 +91,8 @@ from kale_airflow.runtime.elastic import (
     JOIN,
     LEAVE,
     OFFLOAD_AFTER_S,
+    STANDBY,
+    STANDBY_POLL_S,
     PAUSES_KEY,
     RENDEZVOUS_KEY,
     RESCALE_KEY,
@@ -842,12 +844,21 @@ class Job:
         assignment with room for this slot: (generation, assignment); None when the slot is left
         out (scale-down), the wait runs out, or the process is signalled."""
         started = beat = time.monotonic()
-        ready = None
+        ready = spare = None
         while True:
             current = self.link.current()
-            action = next_action(self.slot, after, current)
+            action = next_action(self.slot, after, current, self.args.standby)
             gen = (current or {}).get("generation")
-            if after is None and action != LEAVE and gen not in (None, ready):
+            if action == STANDBY:  # a spare: its wait for an assignment starts when a generation names its slot
+                if spare != gen:
+                    log.info("slot %d is a spare of generation %s (%s worker(s)): built, waiting for a larger "
+                             "generation to name it", self.slot, gen, current.get("workers"))
+                    spare = gen
+                self.replica.offload()
+                started = time.monotonic()
+                time.sleep(STANDBY_POLL_S)
+                continue
+            if (after is None or spare is not None) and action != LEAVE and gen not in (None, ready):
                 self.link.heartbeat(gen, self.slot, "ready")  # the generation's old ranks train on until then
                 ready = gen
             if action == JOIN:
@@ -880,7 +891,7 @@ class Job:
         the next generation, else ``stopped`` (decided here, so the next generation's pods know)."""
         self.next = LEAVE
         if self.warm and summary["reason"] == "stopped":
-            action = next_action(self.slot, summary["generation"], self.link.current())
+            action = next_action(self.slot, summary["generation"], self.link.current(), self.args.standby)
             current = self.link.current_generation()
             self.next = WAIT if action != LEAVE and current not in (None, summary["generation"]) else LEAVE
         return "warm" if self.next == WAIT else "stopped"
@@ -1080,6 +1091,10 @@ def _elastic_arguments(ap: argparse.ArgumentParser) -> argparse.ArgumentParser: 
                     help="with --warm-wait, on rank 0: when a larger generation is named, keep training up to this "
                     "many seconds until its added slots report ready (the local pool starts them at once); 0: stop "
                     "at once")
+    ap.add_argument("--standby", type=int, default=0,
+                    help="with --warm-wait, in the local pool: a process whose slot is within this many above the "
+                    "current generation's size waits as a spare (model built, no GPU memory) for a larger "
+                    "generation to name its slot, instead of leaving (default 0)")
     ap.add_argument("--stream-outage", type=float, default=STREAM_OUTAGE_S,
                     help="seconds a rank retries a stream that cannot be reached (a broker restart) before it "
                     f"fails and the job restarts from its checkpoint (default {STREAM_OUTAGE_S:g}); 0: fail at once")

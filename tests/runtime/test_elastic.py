@@ -14,6 +14,7 @@ from kale_airflow.runtime.elastic import (
     GO,
     JOIN,
     LEAVE,
+    STANDBY,
     RESTART,
     TIMEOUT,
     WAIT,
@@ -54,6 +55,24 @@ A2 = {"0": [["0", 1.0]], "1": [["1", 1.0]]}
 ], ids=["none", "own", "removed", "unassigned", "join", "no-size", "no-room", "zero"])
 def test_a_waiting_rank_joins_waits_or_leaves(slot, after, current, action):
     assert next_action(slot, after, current) == action
+
+
+G2 = {"generation": "g2", "workers": 2, "assignment": A2}
+
+
+@pytest.mark.parametrize("slot, after, current, standby, action", [
+    (2, None, G2, 1, STANDBY),                                                # a new spare just above the size
+    (3, None, G2, 2, STANDBY),                                                # the top of the window
+    (4, None, G2, 2, LEAVE),                                                  # beyond it
+    (2, "g1", G2, 1, STANDBY),                                                # a scale-down's removed rank stays
+    (2, "g1", {"generation": "g2", "workers": 2, "assignment": None}, 1, STANDBY),  # known at the decision
+    (2, None, {"generation": "g2", "workers": None, "assignment": A2}, 1, STANDBY),  # no size: the assignment's
+    (1, None, G2, 3, JOIN),                                                   # a slot of the generation joins
+    (0, "g1", {"generation": "finished", "workers": 0, "assignment": None}, 4, LEAVE),  # stopped: no spare
+    (0, None, None, 4, WAIT),
+], ids=["spare", "window-top", "beyond", "removed", "removed-unassigned", "no-size", "member", "zero", "none"])
+def test_the_pools_spares_wait_above_the_generations_size(slot, after, current, standby, action):
+    assert next_action(slot, after, current, standby) == action
 
 
 @pytest.mark.parametrize("members, source", [

@@ -382,3 +382,25 @@ def test_a_ranks_model_trains_at_the_reference_learning_rate(world):
     _, job = world
     rank = job("--assignment", '{"0": [["0", 1.0]]}')
     assert rank.replica.optimizer.param_groups[0]["lr"] == CTRTrainer().lr
+
+
+def test_a_removed_rank_waits_as_a_spare_past_warm_wait_and_says_ready_when_named(world):
+    store, job = world
+    two = {"0": [["0", 0.5]], "1": [["0", 0.5], ["0", 1.0]]}
+    name(store, "g2", 1)  # a scale-down removed slot 1, which trained g1
+    rank = job("--warm-wait", "0.3", "--standby", "1", "--rendezvous", f"127.0.0.1:{free_port()}", slot=1)
+    threading.Timer(1.0, lambda: name(store, "g3", 2, assignment=two)).start()
+    t0 = time.monotonic()
+    assert rank.await_target(after="g1") == ("g3", {"assignment": two})  # kept past --warm-wait as a spare
+    assert time.monotonic() - t0 >= 0.9
+    assert state_of(store, "g3", slot=1) == "ready"  # the larger generation's old ranks need not wait for it
+    assert state_of(store, "g2", slot=1) is None  # a spare says nothing to the generation it is not in
+
+
+def test_a_spare_beyond_the_window_leaves(world):
+    store, job = world
+    name(store, "g2", 1)
+    rank = job("--warm-wait", "5", "--standby", "1", "--rendezvous", f"127.0.0.1:{free_port()}", slot=2)
+    t0 = time.monotonic()
+    assert rank.await_target(after=None) is None
+    assert time.monotonic() - t0 < 4

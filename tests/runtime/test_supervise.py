@@ -98,6 +98,23 @@ def test_the_pool_starts_added_slots_and_restarts_all_after_a_failure(want, aliv
     assert pool_plan(want, alive, exited) == plan
 
 
+@pytest.mark.parametrize("want, alive, exited, standby, most, plan", [
+    (1, {0}, {}, 2, 6, ([1, 2], False, False)),            # spares above the size
+    (2, {0, 1, 2, 3}, {}, 2, 6, ([], False, False)),       # a scale-up onto spares starts nothing
+    (4, {0, 1, 2, 3}, {}, 4, 6, ([4, 5], False, False)),   # never slot `most` or higher
+    (6, {0, 1, 2, 3, 4, 5}, {}, 4, 6, ([], False, False)),
+    (5, set(), {}, 4, 3, ([0, 1, 2, 3, 4], False, False)),  # the generation's own slots whatever `most` says
+    (1, {0}, {}, 2, None, ([1, 2], False, False)),          # no cap given
+    (0, set(), {}, 4, 6, ([], False, False)),               # stopped: no spare
+    (2, {1, 2}, {}, 2, 6, ([], True, False)),               # slot 0 still restarts everything
+    (2, {0, 1, 2}, {3: 1}, 2, 6, ([], True, True)),         # a spare that fails is a failure too
+], ids=["spares", "onto-spares", "cap", "full", "over-cap", "no-cap", "zero", "slot-0", "spare-failed"])
+def test_the_pool_keeps_spares_above_the_generation(want, alive, exited, standby, most, plan):
+    from kale_airflow.runtime.supervise import pool_plan
+
+    assert pool_plan(want, alive, exited, standby, most) == plan
+
+
 def test_the_pool_says_why_it_restarts():
     from kale_airflow.runtime.supervise import EXIT_RENDEZVOUS, restart_reason
 

@@ -4,6 +4,7 @@ is seen to know nothing of the model: ten generation changes in a row, a ``kill 
 random rank during three of them, and an audit of every sample the stream held."""
 
 import random
+import time
 from collections import defaultdict
 
 import pytest
@@ -60,3 +61,61 @@ def test_ten_warm_rescales_with_three_kills_train_every_sample_once_and_replay_o
     assert all(first[g] > first[gens[0]] for g in gens[1:])  # one model goes on: the step counter never resets
     logs = d.tail_logs(10**7)
     assert "from rank 0's memory (warm" in logs and "restored model.pt" in logs and "restart after slot" in logs
+
+
+def _spare_of(d, slot: int, generation: str) -> bool:
+    log = d.home / "worker-logs" / f"worker-{slot}.log"
+    return log.exists() and f"slot {slot} is a spare of generation {generation}" in log.read_text()
+
+
+def _until(what, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if what():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout} s: {what.__doc__ or what}")
+
+
+def test_spares_are_the_processes_a_scale_up_trains_on_and_a_scale_down_keeps(tmp_path):
+    d = Deployment(tmp_path / "home", partitions=3, max_workers=3, batch=48, step_time_s=0.04, audit=False,
+                   step_log=False, trainer="tests.runtime.trainers:JSONRegression", extra={"worker_standby": 2})
+    with d.environment():
+        producer = Producer(d.stream, 3, 300, payloads=make_payloads)
+        producer.start()
+        try:
+            one = d.scale(1)["generation"]
+            d.first_step(one)
+            _until(lambda: _spare_of(d, 1, one) and _spare_of(d, 2, one))  # built, waiting above the size
+            spares = d.slot_pids()
+            three = d.scale(3)["generation"]
+            up = d.first_step(three)
+            assert d.slot_pids() == spares, d.tail_logs()  # no process started for the scale-up
+            down = d.first_step(d.scale(1)["generation"])
+            after = d.history[-1]["generation"]
+            _until(lambda: _spare_of(d, 1, after) and _spare_of(d, 2, after))  # the removed ranks stay
+            assert d.slot_pids() == spares, d.tail_logs()
+            again = d.first_step(d.scale(2)["generation"])
+            assert d.slot_pids() == spares, d.tail_logs()
+        finally:
+            producer.stop()
+        d.finish()
+    assert [r["kind"] for r in (up, down, again)] == [WARM] * 3
+    assert (up["from_world"], up["to_world"], again["from_world"], again["to_world"]) == (1, 3, 1, 2)
+
+
+def test_without_spares_the_pool_runs_only_the_generations_slots(tmp_path):
+    d = Deployment(tmp_path / "home", partitions=2, max_workers=3, batch=48, step_time_s=0.04, audit=False,
+                   step_log=False, trainer="tests.runtime.trainers:JSONRegression", extra={"worker_standby": 0})
+    with d.environment():
+        producer = Producer(d.stream, 2, 300, payloads=make_payloads)
+        producer.start()
+        try:
+            d.first_step(d.scale(2)["generation"])
+            d.first_step(d.scale(1)["generation"])
+            _until(lambda: set(d.slot_pids()) == {0})  # the removed rank left; nothing above the size
+            time.sleep(1.0)  # the pool polls every 0.1 s: a spare would have been started by now
+            assert set(d.slot_pids()) == {0}, d.tail_logs()
+        finally:
+            producer.stop()
+        d.finish()
