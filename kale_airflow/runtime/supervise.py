@@ -317,8 +317,8 @@ class PoolSupervisor(JobSupervisor):
     process per slot of it: when a generation with more workers is named it starts the added
     slots it does not already run (their import overlaps the handover; they wait for the
     assignment and receive the model from a surviving rank). It also keeps up to ``standby``
-    spares started above the generation's size (at most ``most`` slots in all): they import and
-    build the model ahead of a scale-up; a scale-down's removed slots stay as spares within that
+    spares started above the generation's size (at most ``most`` slots in all), once the
+    generation's ranks train: they import and build the model ahead of a scale-up; a scale-down's removed slots stay as spares within that
     window and exit 0 on their own beyond it, after the agreed step. A slot that fails (or a warm meeting that times out, exit code
     69) restarts every slot from the checkpoint on a new rendezvous port, with the usual
     backoff; the failure count starts over with each new generation, as a new job's does.
@@ -365,6 +365,15 @@ class PoolSupervisor(JobSupervisor):
         if cur["workers"] is not None:
             return int(cur["workers"])
         return len(cur["assignment"]) if cur["assignment"] is not None else None
+
+    def _members_train(self, want: int) -> bool:
+        """Whether every slot of the current generation reports ``running``: the pool starts
+        spares only then, so their imports never compete with a generation's start."""
+        try:
+            seen = self._store.workers_seen(self.generation) if self._store and self.generation else {}
+        except Exception:  # noqa: BLE001 - an outage: no spare until it is over
+            return False
+        return all((seen.get(s) or {}).get("state") == "running" for s in range(want))
 
     def _start_slots(self, slots: list[int], reason: str) -> None:
         if self.port is None:
@@ -432,6 +441,8 @@ class PoolSupervisor(JobSupervisor):
             if self.stopping:
                 return max((p.wait() for p in self.slots.values()), default=0)
             start, new_attempt, failed = pool_plan(want, set(self.slots), exited, self.standby, self.most)
+            if want and max(start, default=-1) >= want and not self._members_train(want):
+                start = [s for s in start if s < want]  # spares after the generation's ranks, not beside their start
             if new_attempt:
                 give_up, delay = self._end_attempt(exited, failed, time.monotonic() - started)
                 if give_up:

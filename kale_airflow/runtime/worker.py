@@ -805,6 +805,7 @@ class Job:
         from kale_airflow.stream import open_stream
 
         self.args, self.link, self.slot = args, link, args.worker_id
+        self.parent = os.getppid()  # a spare (--standby) leaves when the pool supervisor that started it is gone
         self.warm = args.warm_wait > 0 and not args.profiling
         if self.warm and (link is None or not args.rendezvous):
             raise SystemExit("warm ranks (--warm-wait) read their generations from the control-plane database and "
@@ -850,6 +851,12 @@ class Job:
             action = next_action(self.slot, after, current, self.args.standby)
             gen = (current or {}).get("generation")
             if action == STANDBY:  # a spare: its wait for an assignment starts when a generation names its slot
+                if _signalled or os.getppid() != self.parent:
+                    if not _signalled:
+                        log.warning("slot %d is a spare whose pool supervisor is gone: leaving", self.slot)
+                    if after is not None:
+                        self.link.heartbeat(after, self.slot, "stopped", wait_s=STOPPED_WAIT_S)
+                    return None
                 if spare != gen:
                     log.info("slot %d is a spare of generation %s (%s worker(s)): built, waiting for a larger "
                              "generation to name it", self.slot, gen, current.get("workers"))

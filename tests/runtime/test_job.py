@@ -404,3 +404,23 @@ def test_a_spare_beyond_the_window_leaves(world):
     t0 = time.monotonic()
     assert rank.await_target(after=None) is None
     assert time.monotonic() - t0 < 4
+
+
+def test_a_spare_leaves_when_signalled(world):
+    store, job = world
+    name(store, "g2", 1)
+    rank = job("--warm-wait", "60", "--standby", "2", "--rendezvous", f"127.0.0.1:{free_port()}", slot=1)
+    threading.Timer(0.5, lambda: worker_module._signalled.append(15)).start()
+    t0 = time.monotonic()
+    assert rank.await_target(after="g1") is None
+    assert time.monotonic() - t0 < 5
+    assert state_of(store, "g1", slot=1) == "stopped"
+
+
+def test_a_spare_leaves_when_the_pool_that_started_it_is_gone(world, caplog):
+    store, job = world
+    name(store, "g2", 1)
+    rank = job("--warm-wait", "60", "--standby", "2", "--rendezvous", f"127.0.0.1:{free_port()}", slot=1)
+    rank.parent = -1  # as if it had been started by a process that has since exited
+    assert rank.await_target(after=None) is None
+    assert "pool supervisor is gone" in caplog.text

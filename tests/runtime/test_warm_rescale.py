@@ -99,7 +99,11 @@ def test_spares_are_the_processes_a_scale_up_trains_on_and_a_scale_down_keeps(tm
             assert d.slot_pids() == spares, d.tail_logs()
         finally:
             producer.stop()
-        d.finish()
+            d.finish()
+    starts = [line.split("supervisor: ")[1] for line in (d.home / "worker-logs" / "pool.log").read_text().splitlines()
+              if "started slot(s)" in line]
+    # the spares start once the first generation trains, not beside its start
+    assert starts[0].startswith("started slot(s) 0 (start") and starts[1].startswith("started slot(s) 1, 2 (spare")
     assert [r["kind"] for r in (up, down, again)] == [WARM] * 3
     assert (up["from_world"], up["to_world"], again["from_world"], again["to_world"]) == (1, 3, 1, 2)
 
@@ -118,4 +122,4 @@ def test_without_spares_the_pool_runs_only_the_generations_slots(tmp_path):
             assert set(d.slot_pids()) == {0}, d.tail_logs()
         finally:
             producer.stop()
-        d.finish()
+            d.finish()
