@@ -8,7 +8,8 @@ way the DAGs rescale it (apply, rebalance, ``start_local``) through 1 -> 2 -> 4 
 6 -> 3 -> 1 ranks, ``--reps`` times, once with warm ranks (``worker_warm_wait_s`` 120: the
 pool keeps the processes, the model travels in memory) and once with every generation a new
 job (``worker_warm_wait_s`` 0: the old ranks checkpoint and exit, new processes import torch,
-meet and restore the checkpoint), each in two step modes: the demo's emulated GPU step
+meet and restore the checkpoint), each in two step modes (the warm path with the default
+``worker_standby`` spares): the demo's emulated GPU step
 (``--step-time 0.4`` per 128 samples) and real CPU steps (512 samples). For every change it
 reads rank 0's own record of the new generation's first step:
 
@@ -37,6 +38,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from kale_airflow.config.deployment import DeploymentConfig  # noqa: E402
 from kale_airflow.reporting.results import write_json  # noqa: E402
 from tests.runtime.warm_harness import Deployment, Producer, audit_rows, exactly_once_audit  # noqa: E402
 
@@ -167,7 +169,8 @@ def main() -> int:
                     "load_average_after": os.getloadavg()[0], "wall_s": time.time() - t0},
         "settings": {"sequence": SEQUENCE, "reported_changes": CHANGES, "reps": args.reps,
                      "restart_reps": args.reps if args.restart_reps is None else args.restart_reps, "modes": MODES,
-                     "hold_s": HOLD_S, "warm_wait_s": 120.0},
+                     "hold_s": HOLD_S, "warm_wait_s": 120.0,
+                     "worker_standby": DeploymentConfig.model_fields["worker_standby"].default},
         "targets": TARGETS, "measured": met,
         "targets_met": all(met[k] <= TARGETS[k] for k in TARGETS),
         "summary": summary, "rescales": rows, "audit": audit})

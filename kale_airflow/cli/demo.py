@@ -195,8 +195,8 @@ class Demo:
             "kale": {"horizon_s": 2 * LOOKAHEAD_S, "persist_s": 4, "wait_cost": 1.0},
         }))
         self.say(f"each generation is one torch.distributed job (gloo, one process per rank); the ranks stay warm "
-                 f"across generations (a scale-up starts only the added ranks, which get the model from a surviving "
-                 f"rank's memory); EMULATION: each rank sleeps to a GPU step of {self.step_time_s:g} s per "
+                 f"across generations (a scale-up's added ranks, already started as spares, get the model from a "
+                 f"surviving rank's memory); EMULATION: each rank sleeps to a GPU step of {self.step_time_s:g} s per "
                  f"{self.batch} samples (about {per_worker:,.0f} samples/s per rank)")
 
     def dag(self, dag_id: str, conf: dict | None = None, lane: str = "autoscaler") -> str:

@@ -335,6 +335,8 @@ def rescale_pauses() -> str:
         warm, restart = paths["warm"]["all reported"], paths["restart"]["all reported"]
         rows.append([names.get(mode, mode), *(f"{x[k]['p50']:.2f}" for x in (warm, restart) for k in ("pause_s", "gap_s"))])
     steps = " -> ".join(map(str, st["sequence"]))
+    slowest = max(((mode, change, rec["pause_s"]["p50"]) for mode, paths in d["summary"].items()
+                   for change, rec in paths["warm"].items() if change != "all reported"), key=lambda x: x[2])
     return (f"`benchmarks/rescale.py` (`benchmarks/results/rescale.json`) rescales a local deployment through "
             f"{steps} ranks, the warm path {st['reps']} times and the restart path (`worker_warm_wait_s: 0`, every "
             f"generation a new job) {st['restart_reps']} times, with the demo's emulated GPU step and with real CPU "
@@ -344,7 +346,8 @@ def rescale_pauses() -> str:
                       "restart: decision to first step", "restart: gap"], rows)
             + f"\n\nOver both step modes the warm medians are {d['measured']['warm_pause_p50_s']:.2f} s and "
               f"{d['measured']['warm_gap_p50_s']:.2f} s (targets {d['targets']['warm_pause_p50_s']:g} s and "
-              f"{d['targets']['warm_gap_p50_s']:g} s). In the same run, {audit['rescales']} warm rescales with a "
+              f"{d['targets']['warm_gap_p50_s']:g} s), with {st.get('worker_standby', 0)} spares; the slowest "
+              f"warm change is {slowest[1]} ({names.get(slowest[0], slowest[0])}) at {slowest[2]:.2f} s. In the same run, {audit['rescales']} warm rescales with a "
               f"`kill -9` of a random rank during {len(audit['killed_during'])} of them trained all "
               f"{audit['samples']:,} samples at least once ({audit['never']} never) and "
               f"{audit['more_than_twice']} more than twice; the {audit['duplicates']:,} trained twice "
