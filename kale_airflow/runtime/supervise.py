@@ -318,9 +318,10 @@ class PoolSupervisor(JobSupervisor):
     slots it does not already run (their import overlaps the handover; they wait for the
     assignment and receive the model from a surviving rank). It also keeps up to ``standby``
     spares started above the generation's size (at most ``most`` slots in all), once the
-    generation's ranks train: they import and build the model ahead of a scale-up; a scale-down's removed slots stay as spares within that
-    window and exit 0 on their own beyond it, after the agreed step. A slot that fails (or a warm meeting that times out, exit code
-    69) restarts every slot from the checkpoint on a new rendezvous port, with the usual
+    generation's ranks train: they import and build the model ahead of a scale-up; a
+    scale-down's removed slots stay as spares within that window and exit 0 on their own
+    beyond it, after the agreed step. A slot that fails (or a warm meeting that times out, exit
+    code 69) restarts every slot from the checkpoint on a new rendezvous port, with the usual
     backoff; the failure count starts over with each new generation, as a new job's does.
     It holds ``pool.lock`` in its log folder (one pool per deployment) and exits when the
     current generation wants no worker (its ranks waiting for a next generation are told to

@@ -10,6 +10,7 @@ from collections import defaultdict
 import pytest
 
 from kale_airflow.runtime.elastic import PAUSES_KEY, RESTART, WARM
+from tests.conftest import wait_until
 from tests.runtime.trainers import make_payloads
 from tests.runtime.warm_harness import Deployment, Producer, audit_rows, exactly_once_audit
 
@@ -68,15 +69,6 @@ def _spare_of(d, slot: int, generation: str) -> bool:
     return log.exists() and f"slot {slot} is a spare of generation {generation}" in log.read_text()
 
 
-def _until(what, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if what():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout} s: {what.__doc__ or what}")
-
-
 def test_spares_are_the_processes_a_scale_up_trains_on_and_a_scale_down_keeps(tmp_path):
     d = Deployment(tmp_path / "home", partitions=3, max_workers=3, batch=48, step_time_s=0.04, audit=False,
                    step_log=False, trainer="tests.runtime.trainers:JSONRegression", extra={"worker_standby": 2})
@@ -86,14 +78,14 @@ def test_spares_are_the_processes_a_scale_up_trains_on_and_a_scale_down_keeps(tm
         try:
             one = d.scale(1)["generation"]
             d.first_step(one)
-            _until(lambda: _spare_of(d, 1, one) and _spare_of(d, 2, one))  # built, waiting above the size
+            wait_until(lambda: _spare_of(d, 1, one) and _spare_of(d, 2, one), "spares of the first generation", 60)
             spares = d.slot_pids()
             three = d.scale(3)["generation"]
             up = d.first_step(three)
             assert d.slot_pids() == spares, d.tail_logs()  # no process started for the scale-up
             down = d.first_step(d.scale(1)["generation"])
             after = d.history[-1]["generation"]
-            _until(lambda: _spare_of(d, 1, after) and _spare_of(d, 2, after))  # the removed ranks stay
+            wait_until(lambda: _spare_of(d, 1, after) and _spare_of(d, 2, after), "the removed ranks as spares", 60)
             assert d.slot_pids() == spares, d.tail_logs()
             again = d.first_step(d.scale(2)["generation"])
             assert d.slot_pids() == spares, d.tail_logs()
@@ -117,7 +109,7 @@ def test_without_spares_the_pool_runs_only_the_generations_slots(tmp_path):
         try:
             d.first_step(d.scale(2)["generation"])
             d.first_step(d.scale(1)["generation"])
-            _until(lambda: set(d.slot_pids()) == {0})  # the removed rank left; nothing above the size
+            wait_until(lambda: set(d.slot_pids()) == {0}, "only slot 0 left", 60)  # nothing above the size
             time.sleep(1.0)  # the pool polls every 0.1 s: a spare would have been started by now
             assert set(d.slot_pids()) == {0}, d.tail_logs()
         finally:
