@@ -52,7 +52,9 @@ A2 = {"0": [["0", 1.0]], "1": [["1", 1.0]]}
     (1, None, {"generation": "g2", "workers": None, "assignment": A2}, JOIN),  # named by hand, no size
     (2, None, {"generation": "g2", "workers": None, "assignment": A2}, LEAVE),
     (0, "g1", {"generation": "finished", "workers": 0, "assignment": None}, LEAVE),
-], ids=["none", "own", "removed", "unassigned", "join", "no-size", "no-room", "zero"])
+    (0, None, {"generation": "g2", "workers": None, "assignment": None}, WAIT),  # named, neither sized nor assigned
+    (2, "g1", {"generation": "g2", "workers": 3, "assignment": A2}, LEAVE),    # the assignment leaves this slot out
+], ids=["none", "own", "removed", "unassigned", "join", "no-size", "no-room", "zero", "unsized", "left-out"])
 def test_a_waiting_rank_joins_waits_or_leaves(slot, after, current, action):
     assert next_action(slot, after, current) == action
 
@@ -70,7 +72,9 @@ G2 = {"generation": "g2", "workers": 2, "assignment": A2}
     (1, None, G2, 3, JOIN),                                                   # a slot of the generation joins
     (0, "g1", {"generation": "finished", "workers": 0, "assignment": None}, 4, LEAVE),  # stopped: no spare
     (0, None, None, 4, WAIT),
-], ids=["spare", "window-top", "beyond", "removed", "removed-unassigned", "no-size", "member", "zero", "none"])
+    (1, "g1", {"generation": "g2", "workers": 1, "assignment": None}, 1, STANDBY),  # down to one worker
+], ids=["spare", "window-top", "beyond", "removed", "removed-unassigned", "no-size", "member", "zero", "none",
+        "one-worker"])
 def test_the_pools_spares_wait_above_the_generations_size(slot, after, current, standby, action):
     assert next_action(slot, after, current, standby) == action
 

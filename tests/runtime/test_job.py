@@ -147,6 +147,14 @@ def test_the_last_heartbeat_of_a_generation_says_whether_this_rank_waits(world, 
     assert rank.next == (worker_module.WAIT if expect == "warm" else worker_module.LEAVE)
 
 
+def test_a_rank_a_scale_down_removes_stays_warm_as_a_spare(world):
+    store, job = world
+    name(store, "g2", 1)  # slot 1 trained g1; g2 has one worker, the pool keeps one spare
+    rank = job("--warm-wait", "5", "--standby", "1", "--rendezvous", f"127.0.0.1:{free_port()}", slot=1)
+    assert rank.final_state({"reason": "stopped", "generation": "g1"}) == "warm"
+    assert rank.next == worker_module.WAIT
+
+
 def test_a_rank_of_one_generation_never_waits(world):
     store, job = world
     name(store, "g2", 1)
@@ -395,6 +403,16 @@ def test_a_removed_rank_waits_as_a_spare_past_warm_wait_and_says_ready_when_name
     assert time.monotonic() - t0 >= 0.9
     assert state_of(store, "g3", slot=1) == "ready"  # the larger generation's old ranks need not wait for it
     assert state_of(store, "g2", slot=1) is None  # a spare says nothing to the generation it is not in
+
+
+def test_a_spare_named_before_its_assignment_waits_a_whole_warm_wait_from_then(world):
+    store, job = world
+    two = {"0": [["0", 0.5]], "1": [["0", 0.5], ["0", 1.0]]}
+    name(store, "g2", 1)
+    rank = job("--warm-wait", "1.0", "--standby", "1", "--rendezvous", f"127.0.0.1:{free_port()}", slot=1)
+    threading.Timer(2.0, lambda: name(store, "g3", 2, assignment=None)).start()  # sized, not yet rebalanced
+    threading.Timer(2.4, lambda: name(store, "g3", 2, assignment=two)).start()
+    assert rank.await_target(after="g1") == ("g3", {"assignment": two})  # a spare for 2 s, then 0.4 s of wait
 
 
 def test_a_spare_beyond_the_window_leaves(world):
