@@ -155,6 +155,16 @@ def workdir(module: str) -> Path:
     return ROOT / "mutants" / module.removesuffix(".py").replace("/", ".")
 
 
+def run_tests(module: str) -> list[str] | None:
+    """The test selection ``module``'s last run used (its work directory's pyproject.toml)."""
+    import tomllib
+
+    path = workdir(module) / "pyproject.toml"
+    if not path.exists():
+        return None
+    return tomllib.loads(path.read_text())["tool"]["mutmut"].get("pytest_add_cli_args_test_selection")
+
+
 def prepare(module: str, tests: list[str], keep: bool) -> Path:
     """A work directory that is the checkout (links to its files) with a pyproject.toml whose
     ``[tool.mutmut]`` mutates ``module`` only and runs ``tests``."""
@@ -273,6 +283,9 @@ def main() -> int:
                 if not unchanged_since(last.get("commit"), module) or not (workdir(module) / "mutants").exists():
                     raise SystemExit(f"{module} changed since its last run (or has none): --recheck reruns the "
                                      "survivors of that run only; run the module afresh")
+                if run_tests(module) != tests[module]:  # mutmut resets every result when they change
+                    raise SystemExit(f"{module}'s tests in pyproject.toml changed since its last run: --recheck "
+                                     "cannot carry that run's results over; run the module afresh")
                 names = [r["mutant"] for r in previous.get("survivors", {}).get(module, [])
                          if not equivalent.get(r["change"])]  # the explained ones are equivalent
                 if not names:

@@ -34,6 +34,19 @@ def test_a_modules_work_directory_mutates_it_alone_against_its_own_tests(tmp_pat
     assert mutation.prepare("kale_airflow/core/planning.py", tests, keep=True) == wd
 
 
+def test_a_recheck_knows_the_tests_of_the_run_it_would_continue(tmp_path, monkeypatch):
+    """Bug: a recheck after a module's test list changed ran only the old survivors, while mutmut
+    had reset every other result for the new list: 883 mutants reported "not run"."""
+    monkeypatch.setattr(mutation, "ROOT", ROOT)
+    monkeypatch.setattr(mutation, "workdir", lambda module: tmp_path / module.replace("/", "."))
+    module = "kale_airflow/core/planning.py"
+    assert mutation.run_tests(module) is None  # never run: nothing to continue
+    mutation.prepare(module, ["tests/core/test_planning.py"], keep=False)
+    assert mutation.run_tests(module) == ["tests/core/test_planning.py"]
+    mutation.prepare(module, ["tests/core/test_planning.py", "tests/core/test_slices.py"], keep=True)
+    assert mutation.run_tests(module) == ["tests/core/test_planning.py", "tests/core/test_slices.py"]
+
+
 def test_every_module_has_tests_that_exist():
     for module, tests in module_tests().items():
         assert (ROOT / module).is_file(), module
