@@ -12,9 +12,9 @@ It prints per module the mutants killed and surviving and writes
 "survivors": {"<path>": [{"mutant", "change", "explained"}]}}``; each module records the commit
 it ran at, and ``--modules`` brings a few up to date while the others keep theirs.
 ``--recheck`` runs only a module's unexplained survivors again, against the tests as they
-are now, when its source has not changed since its run: after writing tests for what
-survived, minutes instead of a whole run (the commit it records is the recheck's, its
-tests' commit).
+are now, when its source and its list of tests in pyproject.toml have not changed since its
+run: after writing tests for what survived, minutes instead of a whole run (the commit it
+records is the recheck's, its tests' commit).
 
 A survivor is *explained* when ``benchmarks/mutation_equivalent.toml`` names its change
 (function and mutated line, so the explanation survives a renumbering of the mutants) with
