@@ -245,7 +245,8 @@ def main() -> int:
                     help="reuse each module's mutants/ (mutmut's cache) instead of starting afresh")
     ap.add_argument("--recheck", action="store_true",
                     help="run only the last run's unexplained surviving mutants again, against the tests as they "
-                         "are now (after adding tests for them); refused for a module whose source changed since")
+                         "are now (after adding tests for them); refused for a module whose source or test list "
+                         "changed since")
     ap.add_argument("--modules", nargs="+", metavar="PATH", default=[],
                     help="mutate only these modules of [tool.kale.mutation.tests] (e.g. kale_airflow/core/planning.py) "
                          "and merge their figures into the result file; the other modules keep theirs")
