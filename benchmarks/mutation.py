@@ -39,6 +39,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,8 +100,6 @@ def change_of(functions: dict[str, str], mutant: str) -> str:
 
 def load_equivalent(path: Path = EQUIVALENT) -> dict[str, str]:
     """``change -> reason`` from the checked-in explanations (see the file's header)."""
-    import tomllib
-
     if not path.exists():
         return {}
     doc = tomllib.loads(path.read_text())
@@ -157,8 +156,6 @@ def workdir(module: str) -> Path:
 
 def run_tests(module: str) -> list[str] | None:
     """The test selection ``module``'s last run used (its work directory's pyproject.toml)."""
-    import tomllib
-
     path = workdir(module) / "pyproject.toml"
     if not path.exists():
         return None
@@ -179,8 +176,6 @@ def prepare(module: str, tests: list[str], keep: bool) -> Path:
     # [tool.mutmut] is the file's last table: lines appended at the end belong to it.
     text = (ROOT / "pyproject.toml").read_text().rstrip("\n") + (
         f"\nonly_mutate = {json.dumps([module])}\npytest_add_cli_args_test_selection = {json.dumps(tests)}\n")
-    import tomllib
-
     got = tomllib.loads(text)["tool"]["mutmut"]
     if got.get("only_mutate") != [module] or got.get("pytest_add_cli_args_test_selection") != tests:
         raise SystemExit("pyproject.toml: keep [tool.mutmut] the last table of the file (benchmarks/mutation.py "
@@ -205,8 +200,6 @@ def print_report(doc: dict) -> None:
 
 def module_tests() -> dict[str, list[str]]:
     """``[tool.kale.mutation.tests]`` of pyproject.toml: per mutated module, its tests."""
-    import tomllib
-
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["kale"]["mutation"]["tests"]
 
 
