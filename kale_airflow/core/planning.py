@@ -314,24 +314,47 @@ class PricedOptimum:
     schedule: tuple[int, ...]
 
 
+def step_parts(arrivals: np.ndarray) -> np.ndarray:
+    """``arrivals`` as (step, part): samples per step (one part each), or already per equal
+    part of each step (arrivals steady within a part, not within a step)."""
+    a = np.asarray(arrivals, dtype=float)
+    return a[:, None] if a.ndim == 1 else a
+
+
+def through_step(capacity, backlog, rates: np.ndarray, pause: float, step_s: float):
+    """``(end, lag)`` of one step whose equal parts arrive at ``rates[..., part]``:
+    :func:`fluid_step` part after part, the ``pause`` taken from the first parts."""
+    parts = rates.shape[-1]
+    part = step_s / parts
+    lag = 0.0
+    for u in range(parts):
+        p = min(max(pause - u * part, 0.0), part)
+        backlog, more, _ = fluid_step(capacity, backlog, rates[..., u], p, part - p)
+        lag = lag + more
+    return backlog, lag
+
+
 class _Levels:
-    """The backlog levels of :func:`priced_schedule` for known ``arrivals`` (samples per step),
-    and the age of the oldest unprocessed sample, first in first out, from their cumulative
-    sum. No schedule queues less than the ``peak`` count run from the start (``least``), so
-    step ``j``'s levels are ``least[j]``, then ``least[j]`` plus a geometric series from one
-    second of the mean rate (``smallest``) to 1.5 x the samples of the last SLO."""
+    """The backlog levels of :func:`priced_schedule` for known ``arrivals`` (samples per step,
+    or per equal part of each step: :func:`step_parts`), and the age of the oldest
+    unprocessed sample, first in first out, from their cumulative sum (over the parts). No
+    schedule queues less than the ``peak`` count run from the start (``least``), so step
+    ``j``'s levels are ``least[j]``, then ``least[j]`` plus a geometric series from one second
+    of the mean rate (``smallest``) to 1.5 x the samples of the last SLO."""
 
     def __init__(self, arrivals: np.ndarray, peak_capacity: float, step_s: float, slo_s: float, count: int):
-        steps = len(arrivals)
+        parts = step_parts(arrivals)
+        steps, self.parts = parts.shape
         self.count, self.step_s = count, step_s
-        self.cum = np.concatenate([[0.0], np.cumsum(arrivals)])
+        self.fine = np.concatenate([[0.0], np.cumsum(parts)])  # at the end of every part
+        self.cum = self.fine[::self.parts]                     # at the end of every step
         self.ends = np.arange(1, steps + 1) * step_s
-        self.times = np.arange(steps + 1) * step_s
+        self.times = np.arange(len(self.fine)) * (step_s / self.parts)
         # strictly increasing, so that np.interp inverts it (a sample is born where the sum reaches it)
-        self.cum_x = self.cum + np.arange(steps + 1) * 1e-9 * max(self.cum[-1], 1.0) / max(steps, 1)
-        within = self.cum[1:] - np.interp(np.maximum(self.ends - slo_s, 0.0), self.times, self.cum)
+        self.cum_x = self.fine + np.arange(len(self.fine)) * 1e-9 * max(self.fine[-1], 1.0) / max(len(self.fine) - 1, 1)
+        within = self.cum[1:] - np.interp(np.maximum(self.ends - slo_s, 0.0), self.times, self.fine)
         self.least = np.zeros(steps + 1)
-        for j, a in enumerate(arrivals):
+        for j, a in enumerate(parts.sum(axis=1)):
             self.least[j + 1] = max(0.0, self.least[j] + a - peak_capacity * step_s)
         self.smallest = max(self.cum[-1] / max(steps * step_s, 1.0), 1.0)
         widest = np.concatenate([[0.0], within]) * 1.5 + 2 * self.smallest
@@ -383,13 +406,14 @@ def priced_schedule(arrivals: np.ndarray, capacity: np.ndarray, step_s: float, p
     backlog up ages it, and keeps the schedule off that edge). ``block`` steps' stage
     costs are computed at once (memory against speed).
     """
-    a = np.asarray(arrivals, dtype=float)
+    a = step_parts(arrivals)
     allowed = np.arange(len(capacity)) >= prices.min_workers
     peak = int(np.flatnonzero(allowed)[np.argmax(capacity[allowed])])
     grid = _Levels(a, float(capacity[peak]), step_s, prices.slo_s, levels)
-    choose, lower = _priced_backward(grid, capacity, a / step_s, step_s, prices, peak, block)
+    rates = a * (a.shape[1] / step_s)  # samples/s of each part
+    choose, lower = _priced_backward(grid, capacity, rates, step_s, prices, peak, block)
     start = min(max(initial_workers, 0), len(capacity) - 1)
-    gpu_s, lag, rescales, over, schedule = _priced_forward(grid, choose, capacity, a / step_s, prices, start)
+    gpu_s, lag, rescales, over, schedule = _priced_forward(grid, choose, capacity, rates, prices, start)
     return PricedOptimum(gpu_s + prices.lag_price * lag, gpu_s, lag, rescales, float(lower[start, 0]), over,
                          schedule)
 
@@ -413,8 +437,8 @@ def _priced_backward(grid: _Levels, capacity: np.ndarray, rates: np.ndarray, ste
         js = np.arange(first, min(first + block, steps))
         out = []
         for pause in (0.0, d):  # staying, moving: per step of the block, count and start level
-            end, lag, _ = fluid_step(capacity[None, :, None], grid.grid(js)[:, None, :], rates[js][:, None, None],
-                                     pause, step_s - pause)
+            end, lag = through_step(capacity[None, :, None], grid.grid(js)[:, None, :], rates[js][:, None, None, :],
+                                    pause, step_s)
             out.append((end, gpu + prices.lag_price * lag + blocked, grid.age(js[:, None, None], end)))
         limit = np.maximum(prices.slo_s, out[1][2][:, peak, :])[:, None, :]  # the largest count after a rescale
         (stay_end, stay, stay_age), (move_end, move, move_age) = out
@@ -443,25 +467,29 @@ def _priced_forward(grid: _Levels, choose: np.ndarray, capacity: np.ndarray, rat
     gpu_s = lag_total = 0.0
     rescales = over = 0
     schedule = []
-    cum, least, ratio, cap = grid.cum.tolist(), grid.least.tolist(), grid.ratio.tolist(), capacity.tolist()
-    for j, r in enumerate(rates.tolist()):
+    cum, fine, least, ratio, cap = (v.tolist() for v in (grid.cum, grid.fine, grid.least, grid.ratio, capacity))
+    part = step_s / grid.parts
+    for j, parts in enumerate(rates.tolist()):
         x = (b - least[j]) / grid.smallest
         k = 0 if x <= 1e-12 else 1 if x <= 1 else 1 + math.ceil(math.log(x) / ratio[j] - 1e-9)
         nxt = int(choose[j, m, min(k, grid.count - 1)])
         pause = 0.0 if nxt == m else d
-        queued, spare, run = b + r * pause, cap[nxt] - r, step_s - pause
-        if spare > 0 and queued <= spare * run:
-            end, lag = 0.0, pause * (b + queued) / 2 + queued * queued / spare / 2
-        else:
-            end = queued - spare * run
-            lag = pause * (b + queued) / 2 + run * (queued + end) / 2
+        end, lag = b, 0.0
+        for u, r in enumerate(parts):  # fluid_step part after part, in plain floats
+            p = min(max(pause - u * part, 0.0), part)
+            queued, spare, run = end + r * p, cap[nxt] - r, part - p
+            lag += p * (end + queued) / 2
+            if spare > 0 and queued <= spare * run:
+                end, lag = 0.0, lag + queued * queued / spare / 2
+            else:
+                end, lag = queued - spare * run, lag + run * (queued + queued - spare * run) / 2
         rescales += nxt != m
         gpu_s += nxt * step_s + max(m - nxt, 0) * pause
         lag_total += lag
         m, b = nxt, end
         schedule.append(nxt)
         if end > 0:  # the oldest sample's age at the step's end, first in first out
-            i = bisect_right(cum, cum[j + 1] - end) - 1
-            born = i * step_s + (cum[j + 1] - end - cum[i]) / (cum[i + 1] - cum[i]) * step_s
+            i = bisect_right(fine, cum[j + 1] - end) - 1
+            born = (i + (cum[j + 1] - end - fine[i]) / (fine[i + 1] - fine[i])) * part
             over += (j + 1) * step_s - born > prices.slo_s * (1 + 1e-9) + 1e-9
     return gpu_s, lag_total, rescales, over, tuple(schedule)

@@ -240,9 +240,22 @@ def fluid_gpu_hours(arrivals: np.ndarray, cfg: SimConfig) -> float:
 def offline_steps(arrivals: np.ndarray, cfg: SimConfig) -> tuple[np.ndarray, float]:
     """The arrivals summed per step of the optima (``cfg.offline_step_s``, a whole number of
     ticks, the last step padded), and that step in seconds."""
+    parts, step = offline_parts(arrivals, cfg)
+    return parts.sum(axis=1), step
+
+
+def offline_parts(arrivals: np.ndarray, cfg: SimConfig) -> tuple[np.ndarray, float]:
+    """The arrivals of each step of the optima per equal part of it, (step, part): the fewest
+    parts within which the ticks' arrivals are steady (a 1-minute trace has five per 5-minute
+    step, a 5-minute one a single part; at worst one per tick), and the step in seconds."""
     per = max(1, int(round(cfg.offline_step_s / cfg.tick_s)))
     pad = (-len(arrivals)) % per
-    return np.concatenate([arrivals, np.zeros(pad)]).reshape(-1, per).sum(axis=1), per * cfg.tick_s
+    ticks = np.concatenate([arrivals, np.zeros(pad)]).reshape(-1, per)
+    for parts in (n for n in range(1, per + 1) if per % n == 0):
+        blocks = ticks.reshape(len(ticks), parts, per // parts)
+        if (blocks == blocks[..., :1]).all():
+            return blocks.sum(axis=2), per * cfg.tick_s
+    raise AssertionError("one part per tick is always steady")  # pragma: no cover
 
 
 def offline_optimum(arrivals: np.ndarray, cfg: SimConfig, initial_workers: int) -> dict:
@@ -284,7 +297,7 @@ def priced_optimum(arrivals: np.ndarray, cfg: SimConfig, initial_workers: int, w
     curve's peak, kept to what the largest count leaves), the true arrivals and mean
     curve, the rescale downtime paid. ``cost_gpu_h`` is its schedule's cost and
     ``lower_bound_gpu_h`` one no schedule of the problem beats."""
-    a, step = offline_steps(arrivals, cfg)
+    a, step = offline_parts(arrivals, cfg)
     price = lag_price(arrivals, cfg, wait_cost)
     start = min(max(initial_workers, cfg.min_workers), cfg.limits.upper)
     found = priced_schedule(a, cfg.cluster.capacity_table(cfg.limits.upper), step,

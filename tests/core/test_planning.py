@@ -404,27 +404,35 @@ def test_a_backlog_that_arrived_in_a_burst_ages_while_it_is_worked_off():
 
 
 def replay_priced(schedule, arrivals, cap, step, prices, start):
-    """A schedule of the priced problem followed step by step, the backlog carried exactly,
-    each step's end checked against the birth time of the oldest unprocessed sample (first
-    in first out over the cumulative arrivals): ``(cost, GPU-seconds, lag, rescales, steps
-    over the SLO)``, the cost infinite where a step breaks the SLO by more than the largest
-    count after a rescale would."""
-    rates = [a / step for a in arrivals]
-    cum = np.concatenate([[0.0], np.cumsum(arrivals)])
+    """A schedule of the priced problem followed step by step, the backlog carried exactly
+    (part after part where ``arrivals`` has a column per equal part of each step), each
+    step's end checked against the birth time of the oldest unprocessed sample (first in
+    first out over the cumulative arrivals): ``(cost, GPU-seconds, lag, rescales, steps over
+    the SLO)``, the cost infinite where a step breaks the SLO by more than the largest count
+    after a rescale would."""
+    parts = np.asarray(arrivals, dtype=float).reshape(len(arrivals), -1)
+    k = parts.shape[1]
+    h = step / k
+    flat = parts.ravel()
+    cum = np.concatenate([[0.0], np.cumsum(flat)])
     d = min(prices.downtime_s, step)
     peak = int(np.argmax(cap))
 
     def age(j, backlog):
         if backlog <= 1e-9:
             return 0.0
-        processed = cum[j + 1] - backlog
-        i = max(k for k in range(j + 1) if cum[k] <= processed + 1e-9)
-        born = i * step + (processed - cum[i]) / arrivals[i] * step
+        processed = cum[(j + 1) * k] - backlog
+        i = max(q for q in range((j + 1) * k) if cum[q] <= processed + 1e-9)
+        born = i * h + (processed - cum[i]) / flat[i] * h
         return (j + 1) * step - born
 
     def one(cap_m, b, j, pause):
-        end, lag, _ = fluid_step(np.array([cap_m]), b, rates[j], pause, step - pause)
-        return float(end[0]), float(lag[0])
+        lag = 0.0
+        for u in range(k):  # the pause comes out of the first parts
+            p = min(max(pause - u * h, 0.0), h)
+            end, more, _ = fluid_step(np.array([cap_m]), b, parts[j, u] / h, p, h - p)
+            b, lag = float(end[0]), lag + float(more[0])
+        return b, lag
 
     n, b, gpu, lag_total, rescales, over, feasible = start, 0.0, 0.0, 0.0, 0, 0, True
     for j, m in enumerate(schedule):
@@ -519,6 +527,44 @@ def test_the_priced_optimums_backlog_levels_are_the_documented_grid(rates):
             i = max(k for k in range(j + 1) if cum[k] <= processed)
             born = i * STEP + (processed - cum[i]) / arrivals[i] * STEP
             assert grid.age(j, np.array([b]))[0] == pytest.approx((j + 1) * STEP - born, rel=1e-6)
+
+
+PARTED_CASES = {  # samples/s of each third of each step
+    "a burst in the last third": ([[100.0, 100.0, 100.0], [100.0, 100.0, 500.0], [120.0, 120.0, 120.0],
+                                   [100.0, 300.0, 100.0], [60.0, 60.0, 60.0]], 1e-4, 300.0),
+    "quiet thirds around a peak": ([[0.0, 300.0, 0.0], [200.0, 200.0, 200.0], [0.0, 0.0, 330.0],
+                                    [90.0, 90.0, 90.0], [0.0, 50.0, 0.0]], 3e-4, 300.0),
+}
+
+
+@pytest.mark.parametrize("rates,price,slo", PARTED_CASES.values(), ids=PARTED_CASES.keys())
+@pytest.mark.parametrize("start", [1, 3])
+def test_priced_schedule_over_the_parts_of_each_step_brackets_the_brute_force_optimum(rates, price, slo, start):
+    """Arrivals that change within a step (one column per equal part) are priced as they
+    arrive, the pause taken from the first parts: the bracket holds against the brute force
+    over the parts, the schedule costs what it reports, and the step sums alone, which spread
+    each step's arrivals evenly, misprice such a step."""
+    arrivals = np.array(rates) * STEP / 3
+    prices = Prices(D, price, 1, slo)
+    truth = priced_by_brute_force(arrivals, CAP, STEP, prices, start)
+    found = priced_schedule(arrivals, CAP, STEP, prices, start, levels=2000)
+    assert found.lower_bound <= truth * (1 + 1e-9) <= found.cost * (1 + 1e-9) + 1e-6
+    assert found.cost == pytest.approx(truth, rel=0.005)
+    cost, gpu, lag, rescales, over = replay_priced(found.schedule, arrivals, CAP, STEP, prices, start)
+    assert (found.gpu_s, found.rescales, found.over_slo_steps) == (pytest.approx(gpu), rescales, over)
+    assert (found.cost, found.lag) == (pytest.approx(cost), pytest.approx(lag))
+    summed = priced_schedule(arrivals.sum(axis=1), CAP, STEP, prices, start, levels=2000)
+    assert summed.cost != pytest.approx(found.cost, rel=0.01)
+
+
+def test_steady_parts_price_a_step_as_its_sum_does():
+    """Parts that arrive at one rate are the step's rate: the same schedule, cost and bound."""
+    sums = np.array([150.0, 300.0, 330.0, 120.0, 60.0]) * STEP
+    prices = Prices(D, 3e-4, 1, 300.0)
+    whole, parted = priced_schedule(sums, CAP, STEP, prices, 2), priced_schedule(np.repeat(sums[:, None] / 4, 4, 1), CAP, STEP, prices, 2)
+    assert parted.schedule == whole.schedule
+    assert (parted.cost, parted.lower_bound, parted.lag) == (pytest.approx(whole.cost), pytest.approx(whole.lower_bound),
+                                                            pytest.approx(whole.lag))
 
 
 def test_priced_schedule_starts_a_count_above_the_table_from_its_largest():

@@ -13,6 +13,7 @@ from kale_airflow.core.simulator import (
     VARIANTS,
     best_variant,
     offline_optimum,
+    offline_parts,
     priced_optimum,
     SimConfig,
     SimulationError,
@@ -24,6 +25,7 @@ from kale_airflow.core.simulator import (
     simulate,
 )
 from kale_airflow.core.cluster import ClusterModel, cluster_preset
+from kale_airflow.core.planning import Prices, priced_schedule
 from kale_airflow.core.traffic import load_trace
 from tests.conftest import daily_series
 
@@ -371,6 +373,49 @@ def test_every_policy_is_priced_at_wait_cost_workers_per_second_of_mean_wait(tra
         assert m["priced_cost_gpu_h"] == pytest.approx(m["gpu_hours"] + 2.5 * m["mean_wait_s"] * hours)
     assert priced["lower_bound_gpu_h"] <= priced["cost_gpu_h"] <= doc["policies"]["static"]["priced_cost_gpu_h"]
     assert priced["cost_gpu_h"] == pytest.approx(priced["gpu_hours"] + priced["lag_price"] * priced["accumulated_lag"] / 3600)
+
+
+@pytest.mark.parametrize("values,ticks_each,parts", [((3.0,), 20, 1), ((1.0, 2.0, 4.0, 1.0, 5.0), 4, 5),
+                                                      ((1.0, 2.0), 2, 10), ((1.0, 2.0, 3.0), 1, 20)],
+                         ids=["steady", "a 1-minute trace", "30-second values", "every tick"])
+def test_the_optima_steps_are_cut_into_the_fewest_parts_within_which_arrivals_are_steady(values, ticks_each,
+                                                                                            parts):
+    arrivals = np.repeat(np.resize(values, 60 // ticks_each), ticks_each) * 15.0  # 3 steps of 20 ticks
+    got, step = offline_parts(arrivals, CFG)
+    assert step == 300.0 and got.shape == (3, parts)
+    np.testing.assert_allclose(got.ravel(), arrivals.reshape(-1, 20 // parts).sum(axis=1))
+
+
+class Schedule:
+    """Follows a schedule of counts, one per step of ``step_s``: a test input."""
+
+    name, interval_s = "schedule", 15.0
+
+    def __init__(self, counts, step_s):
+        self.counts, self.step_s = counts, step_s
+
+    def decide(self, obs):
+        return Decision(int(self.counts[min(int(obs.now_s // self.step_s), len(self.counts) - 1)]), Reason.HOLD)
+
+
+def test_the_priced_optimums_schedule_costs_in_the_simulator_what_it_reports():
+    """Followed tick by tick, the priced optimum's schedule costs what the optimum reports,
+    also where the arrivals change within its steps (a one-minute burst in every five
+    minutes, which the steps' sums would spread evenly and price as no wait)."""
+    cfg = replace(CFG, cluster=ClusterModel(per_worker=1000, serial_fraction=0.0, noise_sd=0.0), rescale_downtime_s=90.0)
+    minutes = np.tile([2000.0, 2000.0, 2000.0, 2000.0, 6000.0], 24) * np.repeat([1.0, 1.6, 1.0], 40)
+    arrivals = np.repeat(minutes, 4) * 15.0
+    found = priced_optimum(arrivals, cfg, 3, wait_cost=2.0)
+    parts, step = offline_parts(arrivals, cfg)
+    schedule = priced_schedule(parts, cfg.cluster.capacity_table(cfg.limits.upper), step,
+                               Prices(cfg.rescale_downtime_s, found["lag_price"], cfg.min_workers, cfg.slo_s), 3)
+    assert schedule.cost / 3600 == found["cost_gpu_h"]
+    run = run_policy(Schedule(schedule.schedule, step), workload(arrivals), cfg, np.ones(len(arrivals)), 3).metrics
+    assert found["accumulated_lag"] > 0 and found["rescales"] > 0
+    assert run["gpu_hours"] == pytest.approx(found["gpu_hours"], rel=1e-3)
+    assert run["accumulated_lag"] == pytest.approx(found["accumulated_lag"], rel=0.05)
+    assert run["gpu_hours"] + found["lag_price"] * run["accumulated_lag"] / 3600 == pytest.approx(found["cost_gpu_h"],
+                                                                                                   rel=0.01)
 
 
 def test_priced_optimum_carries_backlog_where_wait_is_cheap_and_not_where_it_is_dear():
