@@ -117,12 +117,54 @@ class Prices:
     slo_s: float = math.inf
 
 
-def stage_costs(capacity: np.ndarray, rates: np.ndarray, length_s: float, prices: Prices) -> tuple[np.ndarray, np.ndarray]:
+SPREAD_RATIOS = np.array([1.0, 1.05, 1.1, 1.2, 1.35, 1.5, 2.0])  # capacity over a bin's mean rate
+
+
+def within_bin_lag(ticks: np.ndarray, tick_s: float) -> np.ndarray:
+    """Per bin (a row of ``ticks``: the rate of each of its ticks) and per capacity of
+    ``SPREAD_RATIOS`` x its mean rate: the lag its unevenness costs (the backlog of the ticks
+    above that capacity, summed tick by tick as the protocol counts it, plus what is left at
+    the end drained at the spare capacity), over its mean rate x its length squared. 0 for a
+    steady bin."""
+    x = np.atleast_2d(np.asarray(ticks, dtype=float))
+    mean = x.mean(axis=1, keepdims=True)
+    c = mean * SPREAD_RATIOS[None, :]
+    b = np.zeros_like(c)
+    lag = np.zeros_like(c)
+    for i in range(x.shape[1]):
+        b = np.maximum(0.0, b + (x[:, i:i + 1] - c) * tick_s)
+        lag += b * tick_s
+    spare = c - mean
+    lag += np.where(spare > 0, b ** 2 / (2 * np.where(spare > 0, spare, 1.0)), 0.0)
+    length = x.shape[1] * tick_s
+    return np.where(mean > 0, lag / np.where(mean > 0, mean, 1.0) / length ** 2, 0.0)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """How uneven the arrivals are within a bin (``lag``: :func:`within_bin_lag` averaged over
+    recent bins, per ``SPREAD_RATIOS``), for bins of ``bin_s``."""
+
+    lag: tuple[float, ...]
+    bin_s: float
+
+    def lag_s(self, capacity, rate, duration_s: float) -> np.ndarray:
+        """Sample-seconds the unevenness costs over ``duration_s`` at ``rate`` and ``capacity``."""
+        r = np.asarray(rate, dtype=float)
+        ratio = np.divide(capacity, r, out=np.full(np.broadcast(capacity, r).shape, np.inf), where=r > 0)
+        return r * self.bin_s * duration_s * np.interp(ratio, SPREAD_RATIOS, self.lag, right=0.0)
+
+
+def stage_costs(capacity: np.ndarray, rates: np.ndarray, length_s: float, prices: Prices,
+                spread: Spread | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(stay, move)``, shape (steps, counts): the cost of running each count for a step of
     ``length_s`` at each of ``rates``. A move must keep up in what the pause leaves of the
     step, and pays the pause's lag (:func:`pause_lag`). Staying must keep up, or, with lag
     priced, may fall short at the lag that costs while the SLO tolerates it. Where no
-    count keeps up, only the largest-capacity counts may run."""
+    count keeps up, only the largest-capacity counts may run. With a ``spread``, every
+    count also pays the lag that the arrivals' unevenness within a step costs at its
+    capacity (:meth:`Spread.lag_s`): keeping up with a step's mean rate is not keeping up
+    with its busiest minutes."""
     n = np.arange(len(capacity), dtype=float)
     allowed = n >= prices.min_workers
     d = min(prices.downtime_s, length_s)
@@ -145,6 +187,9 @@ def stage_costs(capacity: np.ndarray, rates: np.ndarray, length_s: float, prices
     np.divide(short * length_s, r, out=aged, where=r > 0)
     stay_ok = stay_ok | (allowed & (aged <= prices.slo_s / 2))
     stay = gpu + prices.lag_price * 1.5 * short * length_s ** 2
+    if spread is not None:
+        uneven = prices.lag_price * spread.lag_s(c, r, length_s)
+        stay, move = stay + uneven, move + uneven
     return np.where(stay_ok, stay, INF), np.where(move_ok, move, INF)
 
 
@@ -159,11 +204,12 @@ def pause_lag(capacity: np.ndarray, rate, downtime_s: float) -> np.ndarray:
     return lag
 
 
-def values_to_go(capacity: np.ndarray, rates: np.ndarray, step_s: float, prices: Prices) -> np.ndarray:
+def values_to_go(capacity: np.ndarray, rates: np.ndarray, step_s: float, prices: Prices,
+                 spread: Spread | None = None) -> np.ndarray:
     """``V[n]``: the cheapest cost of the steps at ``rates`` (planned samples/s per step)
     for a count ``n`` running when they begin (backward dynamic program, no cost after the
     last step)."""
-    stay, move = stage_costs(capacity, rates, step_s, prices)
+    stay, move = stage_costs(capacity, rates, step_s, prices, spread)
     jd = np.arange(len(capacity), dtype=float) * prices.downtime_s
     value = np.zeros(len(capacity))
     for t in range(len(rates) - 1, -1, -1):
@@ -197,7 +243,7 @@ class FirstStep:
 
 
 def first_step(capacity: np.ndarray, start: Start, length_s: float, next_rate: float, rest_s: float,
-               values: np.ndarray, prices: Prices, slo_s: float) -> FirstStep:
+               values: np.ndarray, prices: Prices, slo_s: float, spread: Spread | None = None) -> FirstStep:
     """Every count's cost from the measured start over a first step of ``length_s``,
     following the backlog exactly (fluid, first in first out): a move pauses for the
     downtime, during which the backlog grows; then the count drains it at its spare
@@ -206,7 +252,8 @@ def first_step(capacity: np.ndarray, start: Start, length_s: float, next_rate: f
     oldest sample's age (:func:`oldest_age`) must stay within ``slo_s``, and a queue left
     that the count cannot drain at the next step's rate breaks the SLO sooner or later (its
     age is infinite). ``recover_s`` is when each count has drained the queue (infinite
-    where it cannot at this rate): what matters once the SLO is already broken."""
+    where it cannot at this rate): what matters once the SLO is already broken. A
+    ``spread`` adds the lag of the arrivals' unevenness, as in :func:`stage_costs`."""
     n = np.arange(len(capacity), dtype=float)
     c, r, b0 = capacity, start.rate, start.backlog
     d = min(prices.downtime_s, length_s)
@@ -225,6 +272,8 @@ def first_step(capacity: np.ndarray, start: Start, length_s: float, next_rate: f
     if left.any():  # a queue the count cannot drain at the next step's rate grows until the SLO breaks
         fresh[left & (c < next_rate)] = INF
     gpu = n * length_s + np.maximum(start.workers - n, 0.0) * pause
+    if spread is not None:
+        lag = lag + spread.lag_s(c, r, length_s)
     cost = gpu + prices.lag_price * lag + values
     cost[: prices.min_workers] = INF
     return FirstStep(cost, fresh <= slo_s, fresh, end, pause + t_drain)

@@ -12,6 +12,7 @@ import pandas as pd
 
 from kale_airflow.core.calibration import AdaptiveCalibration
 from kale_airflow.core.forecast import Forecaster, ForecastError, quantile_column
+from kale_airflow.core.planning import Spread, within_bin_lag
 
 
 class ForecastSource(Protocol):
@@ -24,6 +25,7 @@ class ForecastSource(Protocol):
 
     stateful: bool
     version: int  # changes whenever what the source answers may have changed (a refit, a new rate)
+    spread: Spread | None  # how uneven arrivals are within a bin (None: not known, planned as steady)
 
     def observe(self, now_s: float, rate: float | None) -> None: ...
 
@@ -85,6 +87,8 @@ class OnlineForecastSource:  # pragma: no mutate block
         self._len = 0
         self._last_bin: int | None = None  # index of the last completed bin
         self._acc, self._acc_n, self._acc_bin = 0.0, 0, None
+        self._ticks: list[float] = []  # the rates observed in the bin in progress
+        self.spread: Spread | None = None  # how uneven the arrivals are within a bin, learned over a day
         self._upper: np.ndarray | None = None
         self._upper_from = 0  # bin index of _upper[0]
         self._error = "no forecast yet"
@@ -95,7 +99,8 @@ class OnlineForecastSource:  # pragma: no mutate block
     def state_dict(self) -> dict:
         """Bins, the bin in progress and the calibration (the forecast itself is recomputed on load)."""
         state = {"bins": self.bins.tolist(), "last_bin": self._last_bin, "acc": self._acc, "acc_n": self._acc_n,
-                 "acc_bin": self._acc_bin}
+                 "acc_bin": self._acc_bin, "ticks": list(self._ticks),
+                 "spread": None if self.spread is None else list(self.spread.lag)}
         if self.calibration is not None:
             state["calibration"] = self.calibration.state_dict()
         return state
@@ -108,6 +113,9 @@ class OnlineForecastSource:  # pragma: no mutate block
             self._append(float(v))
         self._last_bin = state.get("last_bin")
         self._acc, self._acc_n, self._acc_bin = state.get("acc", 0.0), state.get("acc_n", 0), state.get("acc_bin")
+        self._ticks = [float(v) for v in state.get("ticks", [])]
+        saved = state.get("spread")
+        self.spread = Spread(tuple(float(v) for v in saved), self.bin_s) if saved else None
         if self.calibration is not None and "calibration" in state:
             try:
                 self.calibration.load_state_dict(state["calibration"])
@@ -189,19 +197,32 @@ class OnlineForecastSource:  # pragma: no mutate block
         b = int((now_s - 1e-6) // self.bin_s)
         if self._acc_bin is not None and b != self._acc_bin:
             self._push(self._acc_bin, self._acc / self._acc_n)
+            self._learn_spread()
             self._acc, self._acc_n = 0.0, 0
             if self._upper is None or self._last_bin + 1 - self._upper_from >= self._refresh_bins:
                 self._refit()
         self._acc_bin = b
         self._acc += rate
         self._acc_n += 1
+        self._ticks.append(rate)
         if now_s >= (b + 1) * self.bin_s - 1e-6:  # this tick ended the bin: it is complete now
             self._push(b, self._acc / self._acc_n)
+            self._learn_spread()
             self._acc, self._acc_n, self._acc_bin = 0.0, 0, None
             if self._upper is None or self._last_bin + 1 - self._upper_from >= self._refresh_bins:
                 self._refit()
         if self._upper is None:  # the fallback reads the recent rates
             self.version += 1
+
+    def _learn_spread(self) -> None:
+        """Fold the bin just completed into :attr:`spread` (an average over about a day)."""
+        ticks, self._ticks = self._ticks, []
+        if len(ticks) < 2:
+            return
+        lag = within_bin_lag(np.asarray(ticks), self.bin_s / len(ticks))[0]
+        if self.spread is not None:
+            lag = np.asarray(self.spread.lag) + min(1.0, self.bin_s / 86400.0) * (lag - np.asarray(self.spread.lag))
+        self.spread = Spread(tuple(float(v) for v in lag), self.bin_s)
 
     def path(self, now_s: float, bins: int) -> tuple[np.ndarray | None, str]:
         """The forecast quantile of the bin containing ``now_s`` and the ``bins - 1`` after it."""
@@ -267,6 +288,11 @@ class OracleForecastSource:  # pragma: no mutate block
             self._means = pd.Series(self._means).rolling(width, center=True, min_periods=1).mean().to_numpy()
         self._b0 = b0
         self._recent = deque(maxlen=4096)
+        per = int(round(bin_s / tick_s))
+        skip = (-int(round((start_s % bin_s) / tick_s))) % per  # ticks before the first whole bin
+        whole = (len(rates) - skip) // per
+        self.spread = (Spread(tuple(within_bin_lag(rates[skip:skip + whole * per].reshape(whole, per), tick_s).mean(axis=0)),
+                              bin_s) if whole and per > 1 else None)
 
     def observe(self, now_s: float, rate: float | None) -> None:
         """The oracle needs no observations."""

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kale_airflow.core.planning import Prices, Start, first_step, values_to_go
+from kale_airflow.core.planning import Prices, Spread, Start, first_step, values_to_go
 from kale_airflow.core.policies.base import Decision, Limits, Observation, Reason, duration
 from kale_airflow.core.sources import ForecastSource
 
@@ -162,12 +162,13 @@ class KalePolicy:
             return np.full(bins, recent * (1 + FALLBACK_MARGIN)), f"fallback ({source})"
         return np.asarray(rates, dtype=float), source
 
-    def _values(self, key: tuple, table: np.ndarray, rates: np.ndarray, step: float, prices: Prices) -> np.ndarray:
+    def _values(self, key: tuple, table: np.ndarray, rates: np.ndarray, step: float, prices: Prices,
+                spread: Spread | None) -> np.ndarray:
         """Values of the steps after the first, recomputed only when their inputs change
-        (a new bin, a refitted table, a refreshed forecast, a new price)."""
+        (a new bin, a refitted table, a refreshed forecast, a new price or spread)."""
         if self._tail is not None and self._tail[0] == key and np.array_equal(self._tail[1], rates):
             return self._tail[2]
-        values = values_to_go(table, rates, step, prices)
+        values = values_to_go(table, rates, step, prices, spread)
         self._tail = (key, rates.copy(), values)
         return values
 
@@ -186,10 +187,11 @@ class KalePolicy:
         tail = rates[2:]
         lag_price = cfg.wait_cost / max(MIN_RATE, float(np.mean(rates)))
         prices = Prices(cfg.rescale_downtime_s, lag_price, self.limits.min_workers, cfg.slo_s)
-        values = self._values((b, id(self.capacity.table), prices), table, tail, step, prices)
+        spread = self.forecast.spread
+        values = self._values((b, id(self.capacity.table), prices, spread), table, tail, step, prices, spread)
         start = Start(obs.workers, obs.backlog or 0.0, obs.freshness_lag_s or 0.0, first_rate)
         length = (b + 2) * step - now  # the rest of this bin and the next: room for a pause
-        fs = first_step(table, start, length, float(tail[0]), step * len(tail), values, prices, cfg.slo_s)
+        fs = first_step(table, start, length, float(tail[0]), step * len(tail), values, prices, cfg.slo_s, spread)
         ok = fs.slo_ok & np.isfinite(fs.cost)
         if ok.any():
             target = int(np.argmin(np.where(ok, fs.cost, math.inf)))
