@@ -10,7 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kale_airflow.core.planning import (
+    SPREAD_RATIOS,
     Prices,
+    Spread,
     _Levels,
     Start,
     cheapest_moves,
@@ -22,6 +24,7 @@ from kale_airflow.core.planning import (
     priced_schedule,
     stage_costs,
     values_to_go,
+    within_bin_lag,
 )
 
 CAP = np.array([0.0, 100.0, 190.0, 270.0, 340.0])  # diminishing returns, index = workers
@@ -615,3 +618,49 @@ def test_priced_schedule_with_one_count_allowed_follows_the_backlog_and_counts_t
     assert found.lag == pytest.approx(lag)
     assert found.over_slo_steps == over == expected_over, (found.over_slo_steps, over)
     assert found.cost == pytest.approx(found.gpu_s + 1e-4 * lag)
+
+
+def test_within_bin_lag_sums_the_backlog_of_the_ticks_above_each_capacity():
+    """A steady bin costs nothing at any capacity of at least its mean rate. A bin of four
+    15-second ticks at 300, 100, 100, 100 samples/s (mean 150): at 150/s the backlog ends the
+    ticks at 2250, 1500, 750 and 0 samples, 67,500 sample-seconds, over 150 x 60^2 that is
+    0.125; at 180/s 1800, 600, 0, 0, 0.0667; at twice the mean nothing queues. The burst last
+    (100, 100, 100, 300) at 180/s leaves 1800 queued, drained at the spare 30/s: 27,000 +
+    54,000 sample-seconds, 0.15."""
+    assert within_bin_lag(np.full((2, 4), 150.0), 15.0).tolist() == [[0.0] * len(SPREAD_RATIOS)] * 2
+    first, last = within_bin_lag(np.array([[300.0, 100.0, 100.0, 100.0], [100.0, 100.0, 100.0, 300.0]]), 15.0)
+    at = {r: i for i, r in enumerate(SPREAD_RATIOS.tolist())}
+    assert first[at[1.0]] == pytest.approx(0.125) and first[at[1.2]] == pytest.approx(36_000 / 540_000)
+    assert first[at[2.0]] == 0.0 and last[at[1.2]] == pytest.approx(81_000 / 540_000)
+    assert np.all(np.diff(first) <= 0)  # more capacity never waits longer
+    assert within_bin_lag(np.zeros((1, 4)), 15.0).tolist() == [[0.0] * len(SPREAD_RATIOS)]
+
+
+def test_a_spread_prices_the_capacity_against_the_rate_over_the_bins_of_a_duration():
+    lag = (0.1, 0.08, 0.05, 0.02, 0.01, 0.005, 0.0)
+    spread = Spread(lag, 300.0)
+    r, duration = 1000.0, 450.0
+    got = spread.lag_s(np.array([1000.0, 1025.0, 1100.0, 3000.0, 500.0]), r, duration)
+    expected = np.array([0.1, 0.09, 0.05, 0.0, 0.1]) * r * 300.0 * duration  # below the mean: the first ratio's
+    np.testing.assert_allclose(got, expected)
+    assert spread.lag_s(np.array([1000.0]), 0.0, duration).tolist() == [0.0]
+
+
+def test_stage_costs_and_the_first_step_charge_the_spread_at_the_lag_price():
+    """Every count pays the spread's lag at its own capacity, on top of what the step costs
+    at its mean rate; staying and moving alike, so a larger count is worth more."""
+    prices = Prices(D, 2e-3, 1)
+    spread = Spread((0.1, 0.08, 0.05, 0.02, 0.01, 0.005, 0.0), STEP)
+    rates = np.array([150.0, 95.0])
+    plain, uneven = stage_costs(CAP, rates, STEP, prices), stage_costs(CAP, rates, STEP, prices, spread)
+    extra = prices.lag_price * spread.lag_s(CAP[None, :], rates[:, None], STEP)
+    for before, after in zip(plain, uneven):
+        finite = np.isfinite(before)
+        np.testing.assert_allclose(after[finite], (before + extra)[finite])
+        assert np.array_equal(np.isfinite(after), finite)
+    assert values_to_go(CAP, rates, STEP, prices, spread)[2] > values_to_go(CAP, rates, STEP, prices)[2]
+    start = Start(2, 0.0, 0.0, 150.0)
+    a = first_step(CAP, start, 400.0, 150.0, 600.0, np.zeros(len(CAP)), prices, 300.0)
+    b = first_step(CAP, start, 400.0, 150.0, 600.0, np.zeros(len(CAP)), prices, 300.0, spread)
+    np.testing.assert_allclose((b.cost - a.cost)[1:], prices.lag_price * spread.lag_s(CAP, 150.0, 400.0)[1:])
+    assert (b.slo_ok == a.slo_ok).all()

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from kale_airflow.core.forecast import SeasonalNaiveForecaster
+from kale_airflow.core.planning import SPREAD_RATIOS, within_bin_lag
 from kale_airflow.core.sources import OnlineForecastSource, OracleForecastSource
 from tests.conftest import daily_series
 
@@ -92,3 +93,38 @@ def test_oracle_at_a_coarser_resolution_reads_the_centred_mean_of_each_window():
     assert list(exact.path(0.0, 6)[0]) == [0.0, 30.0, 0.0, 0.0, 60.0, 0.0]
     blurred = OracleForecastSource(0.0, 15.0, rates, bin_s=300.0, resolution_s=900.0)
     assert list(blurred.path(0.0, 6)[0]) == pytest.approx([15.0, 10.0, 10.0, 20.0, 20.0, 30.0])
+
+
+def test_online_source_learns_the_spread_within_its_bins_over_about_a_day_and_keeps_it_in_its_state():
+    """Each completed bin's tick rates fold into the spread, one bin's weight 300 s / 1 day:
+    steady bins leave it flat at 0, an uneven one makes it that bin's within_bin_lag, and the
+    bins after move it part of the way; the state carries it and the bin in progress."""
+    src = OnlineForecastSource(SeasonalNaiveForecaster(), bin_s=300, quantile=0.9)
+    burst = np.r_[np.full(4, 400.0), np.full(16, 100.0)]  # a minute at 4x, twenty 15 s ticks
+
+    def feed(bin_index, rates):
+        for k, r in enumerate(rates):
+            src.observe(bin_index * 300.0 + 15.0 * (k + 1), float(r))
+
+    assert src.spread is None
+    feed(0, np.full(20, 160.0))
+    assert src.spread.lag == (0.0,) * len(SPREAD_RATIOS) and src.spread.bin_s == 300
+    src.spread = None
+    feed(1, burst)
+    once = np.array(src.spread.lag)
+    np.testing.assert_allclose(once, within_bin_lag(burst[None, :], 15.0)[0])
+    assert once[0] > 0
+    feed(2, np.full(20, 160.0))
+    np.testing.assert_allclose(src.spread.lag, once * (1 - 300 / 86400))
+    feed(3, burst[:7])  # a bin in progress
+    again = OnlineForecastSource(SeasonalNaiveForecaster(), bin_s=300, quantile=0.9)
+    again.load_state_dict(src.state_dict())
+    assert again.spread == src.spread and again.state_dict() == src.state_dict()
+
+
+def test_oracle_spread_is_the_mean_within_bin_lag_of_the_true_whole_bins():
+    burst = np.r_[np.full(4, 400.0), np.full(16, 100.0)]
+    rates = np.r_[np.full(5, 100.0), burst, np.full(20, 160.0), np.full(3, 100.0)]  # starts 75 s into a bin
+    src = OracleForecastSource(225.0, 15.0, rates, bin_s=300.0)
+    np.testing.assert_allclose(src.spread.lag, within_bin_lag(burst[None, :], 15.0)[0] / 2)
+    assert OracleForecastSource(0.0, 300.0, np.full(4, 1.0), bin_s=300.0).spread is None  # one tick per bin

@@ -544,3 +544,18 @@ def test_a_first_start_feeds_what_arrives_to_the_forecast():
     built = build_kale(LIMITS, get_forecaster("seasonal"), ([1, 8], [1000.0, 8000.0]), CFG)
     built.first_start(obs(TICK, 0, 7000.0))
     assert built.forecast.recent_max(TICK, 3600.0) == pytest.approx(7000.0)
+
+
+def test_arrivals_uneven_within_a_bin_are_planned_with_more_workers_than_steady_ones_of_the_same_means():
+    """Two futures with the same 5-minute means, one steady, one with a minute at 1.8x in
+    every bin: the plan on the same path keeps up with the mean on the first and buys the
+    capacity the busy minute's lag is worth on the second."""
+    minute = np.r_[np.full(4, 36000.0), np.full(16, 16000.0)]  # mean 20,000 samples/s
+    steady = KalePolicy(LIMITS, OracleForecastSource(0.0, TICK, np.full(20 * 40, 20000.0), bin_s=BIN),
+                        KnownCapacity(TABLE), CFG)
+    uneven = KalePolicy(LIMITS, OracleForecastSource(0.0, TICK, np.tile(minute, 40), bin_s=BIN),
+                        KnownCapacity(TABLE), CFG)
+    now = obs(0.0, 20, 20000.0)
+    assert list(steady.forecast.path(0.0, 5)[0]) == pytest.approx(list(uneven.forecast.path(0.0, 5)[0]))
+    assert steady.plan(now).target == 20
+    assert 20 < uneven.plan(now).target <= 36
