@@ -24,7 +24,7 @@ def test_each_job_inherits_the_top_level_and_overrides_what_it_names_section_by_
     assert (ranking.job, ranking.priority, ranking.stream_url, ranking.max_workers) == ("ranking", 3.0,
                                                                                         "kafka://k:9092/ranking", 16)
     assert ranking.kale.horizon_s == 1800 and ranking.kale.wait_cost == 3.0  # merged key by key
-    assert (ads.stream_url, ads.min_workers, ads.slo_s, ads.kale.wait_cost) == ("sqlite:///top.db", 2, 120, 2.0)
+    assert (ads.stream_url, ads.min_workers, ads.slo_s, ads.kale.wait_cost) == ("sqlite:///top.db", 2, 120, 1.5)
     assert ads.kubernetes.gpus_per_worker == 1 and ads.kubernetes.namespace == "training"
     assert dag_id("kale_training", "ads") == "kale_training__ads" and job_of_dag("kale_training__ads") == "ads"
     with pytest.raises(ConfigError, match=r"this deployment has 2 jobs \(ranking, ads\); name one"):

@@ -55,8 +55,8 @@ class KaleConfig:
     """
 
     forecast_quantile: float = 0.5
-    horizon_s: float = 5400.0
-    wait_cost: float = 2.0
+    horizon_s: float = 3600.0
+    wait_cost: float = 1.5
     persist_s: float = 60.0
     slo_s: float = 300.0
     rescale_downtime_s: float = 90.0
