@@ -127,6 +127,9 @@ def within_bin_lag(ticks: np.ndarray, tick_s: float) -> np.ndarray:
     the end drained at the spare capacity), over its mean rate x its length squared. 0 for a
     steady bin."""
     x = np.atleast_2d(np.asarray(ticks, dtype=float))
+    steady = (x == x[:, :1]).all(axis=1)
+    if steady.all():  # most bins of a coarse trace: nothing to sum
+        return np.zeros((x.shape[0], len(SPREAD_RATIOS)))
     mean = x.mean(axis=1, keepdims=True)
     c = mean * SPREAD_RATIOS[None, :]
     b = np.zeros_like(c)
@@ -137,7 +140,7 @@ def within_bin_lag(ticks: np.ndarray, tick_s: float) -> np.ndarray:
     spare = c - mean
     lag += np.where(spare > 0, b ** 2 / (2 * np.where(spare > 0, spare, 1.0)), 0.0)
     length = x.shape[1] * tick_s
-    return np.where(mean > 0, lag / np.where(mean > 0, mean, 1.0) / length ** 2, 0.0)
+    return np.where((mean > 0) & ~steady[:, None], lag / np.where(mean > 0, mean, 1.0) / length ** 2, 0.0)
 
 
 @dataclass(frozen=True)
@@ -187,7 +190,7 @@ def stage_costs(capacity: np.ndarray, rates: np.ndarray, length_s: float, prices
     np.divide(short * length_s, r, out=aged, where=r > 0)
     stay_ok = stay_ok | (allowed & (aged <= prices.slo_s / 2))
     stay = gpu + prices.lag_price * 1.5 * short * length_s ** 2
-    if spread is not None:
+    if spread is not None and any(spread.lag):
         uneven = prices.lag_price * spread.lag_s(c, r, length_s)
         stay, move = stay + uneven, move + uneven
     return np.where(stay_ok, stay, INF), np.where(move_ok, move, INF)
@@ -272,7 +275,7 @@ def first_step(capacity: np.ndarray, start: Start, length_s: float, next_rate: f
     if left.any():  # a queue the count cannot drain at the next step's rate grows until the SLO breaks
         fresh[left & (c < next_rate)] = INF
     gpu = n * length_s + np.maximum(start.workers - n, 0.0) * pause
-    if spread is not None:
+    if spread is not None and any(spread.lag):
         lag = lag + spread.lag_s(c, r, length_s)
     cost = gpu + prices.lag_price * lag + values
     cost[: prices.min_workers] = INF

@@ -636,6 +636,20 @@ def test_within_bin_lag_sums_the_backlog_of_the_ticks_above_each_capacity():
     assert within_bin_lag(np.zeros((1, 4)), 15.0).tolist() == [[0.0] * len(SPREAD_RATIOS)]
 
 
+def test_a_steady_bin_costs_exactly_nothing_beside_an_uneven_one():
+    """The mean of equal ticks can round an ulp above them, so summing a steady bin's backlog
+    left lag of 1e-16 instead of 0 (and a source that saw only steady bins kept pricing it);
+    a steady row is 0 exactly, whatever the other rows hold, and an uneven row is the same
+    alone or beside it."""
+    steady = np.full(20, 0.3)  # their mean rounds below 0.3 in floating point
+    assert steady.mean() < 0.3
+    uneven = np.array([3.0] + [1.0] * 19)
+    both = within_bin_lag(np.stack([steady, uneven]), 15.0)
+    assert both[0].tolist() == [0.0] * len(SPREAD_RATIOS)
+    assert within_bin_lag(steady, 15.0).tolist() == [[0.0] * len(SPREAD_RATIOS)]
+    assert both[1].tolist() == within_bin_lag(uneven, 15.0)[0].tolist() and both[1][0] > 0
+
+
 def test_a_spread_prices_the_capacity_against_the_rate_over_the_bins_of_a_duration():
     lag = (0.1, 0.08, 0.05, 0.02, 0.01, 0.005, 0.0)
     spread = Spread(lag, 300.0)
