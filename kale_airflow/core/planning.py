@@ -151,8 +151,10 @@ class Spread:
     lag: tuple[float, ...]
     bin_s: float
 
-    def lag_s(self, capacity, rate, duration_s: float) -> np.ndarray:
+    def lag_s(self, capacity, rate, duration_s: float) -> np.ndarray | float:
         """Sample-seconds the unevenness costs over ``duration_s`` at ``rate`` and ``capacity``."""
+        if not any(self.lag):  # steady arrivals cost nothing: skip the interpolation
+            return 0.0
         r = np.asarray(rate, dtype=float)
         ratio = np.divide(capacity, r, out=np.full(np.broadcast(capacity, r).shape, np.inf), where=r > 0)
         return r * self.bin_s * duration_s * np.interp(ratio, SPREAD_RATIOS, self.lag, right=0.0)
@@ -190,7 +192,7 @@ def stage_costs(capacity: np.ndarray, rates: np.ndarray, length_s: float, prices
     np.divide(short * length_s, r, out=aged, where=r > 0)
     stay_ok = stay_ok | (allowed & (aged <= prices.slo_s / 2))
     stay = gpu + prices.lag_price * 1.5 * short * length_s ** 2
-    if spread is not None and any(spread.lag):
+    if spread is not None:
         uneven = prices.lag_price * spread.lag_s(c, r, length_s)
         stay, move = stay + uneven, move + uneven
     return np.where(stay_ok, stay, INF), np.where(move_ok, move, INF)
@@ -275,7 +277,7 @@ def first_step(capacity: np.ndarray, start: Start, length_s: float, next_rate: f
     if left.any():  # a queue the count cannot drain at the next step's rate grows until the SLO breaks
         fresh[left & (c < next_rate)] = INF
     gpu = n * length_s + np.maximum(start.workers - n, 0.0) * pause
-    if spread is not None and any(spread.lag):
+    if spread is not None:
         lag = lag + spread.lag_s(c, r, length_s)
     cost = gpu + prices.lag_price * lag + values
     cost[: prices.min_workers] = INF
